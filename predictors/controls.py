@@ -1,0 +1,56 @@
+"""The three controls a normalised loss curve depends on (paper §3): τ, TPP and the schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from trainers.schedules import Schedule
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The TLC controls of one run.
+
+    Args:
+        tau: AdamW timescale τ = B/(η·λ·D) (paper Eq. 2), > 0.
+        tokens_per_param: TPP = D/N, > 0.
+        schedule: the peak-normalised LR schedule, warmup included.
+    """
+
+    tau: float
+    tokens_per_param: float
+    schedule: Schedule = field(default_factory=Schedule)
+
+    def __post_init__(self) -> None:
+        for name in ("tau", "tokens_per_param"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tau": float(self.tau),
+            "tokens_per_param": float(self.tokens_per_param),
+            "schedule": self.schedule.name,
+            "warmup_fraction": float(self.schedule.warmup_fraction),
+            "decay_fraction": float(self.schedule.decay_fraction),
+        }
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "Controls":
+        """Build from a flat mapping such as a Ray Tune result or a curve bank row.
+
+        Keys: ``tau``, ``tokens_per_param``, ``schedule`` (name, default ``linear``),
+        ``warmup_fraction`` (default 0.1), ``decay_fraction`` (default 0.2).
+        """
+        missing = [k for k in ("tau", "tokens_per_param") if data.get(k) is None]
+        if missing:
+            raise KeyError(f"controls: missing {', '.join(missing)}")
+        schedule = Schedule(
+            name=str(data.get("schedule", "linear")),  # type: ignore[arg-type]
+            warmup_fraction=float(data.get("warmup_fraction", 0.1)),
+            decay_fraction=float(data.get("decay_fraction", 0.2)),
+        )
+        return cls(float(data["tau"]), float(data["tokens_per_param"]), schedule)

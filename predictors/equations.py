@@ -1,0 +1,101 @@
+"""The paper's equations, in one place, named as in the paper.
+
+Bergsma et al. (2025), "Scaling with Collapse: Efficient and Predictable Training of LLM
+Families" (arXiv 2509.25087, ICLR 2026). Section numbers follow the ICLR version
+(see ``shared/research/paper.md``). Everything else in the project calls these
+functions rather than re-deriving them.
+
+Symbols: B tokens per optimizer step, η peak learning rate, λ AdamW weight decay,
+D total training tokens, N parameters (we use non-embedding parameters, see
+``docs/parameterization.md``), t̂ training fraction, ℓ normalised loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Paper §5 (fixed constants of Eq. 4): the exponent of the power-law term and the two
+# offsets that keep the surrogate finite at t̂ → 0 and at η(t̂) → 0.
+PAPER_M = 0.05
+PAPER_EPS1 = 1e-3
+PAPER_EPS2 = 0.1
+
+# Power Lines (Bergsma et al. 2025a, arXiv 2505.13738) optimal-τ law, τ = 1.084·TPP^−0.527.
+# THIRD-PARTY: the coefficient is quoted from a code comment in a public repository and the
+# exponent from two independent summaries; it is not verified against the primary source.
+POWER_LINES_COEF = 1.084
+POWER_LINES_EXP = -0.527
+
+
+def adamw_timescale(batch_tokens: float, lr: float, weight_decay: float, total_tokens: float) -> float:
+    """Normalised AdamW timescale τ = B/(η·λ·D). Paper §2, Eq. 2."""
+    return batch_tokens / (lr * weight_decay * total_tokens)
+
+
+def weight_decay_for_timescale(batch_tokens: float, lr: float, tau: float, total_tokens: float) -> float:
+    """λ that gives timescale τ: λ = B/(η·τ·D). Eq. 2 solved for λ (paper §4, §5)."""
+    return batch_tokens / (lr * tau * total_tokens)
+
+
+def power_lines_tau(tokens_per_param: float) -> float:
+    """Power Lines optimal timescale τ_opt = 1.084·TPP^−0.527 (THIRD-PARTY fit, paper §2/§4)."""
+    return POWER_LINES_COEF * tokens_per_param**POWER_LINES_EXP
+
+
+def training_fraction(step: Any, total_steps: int) -> np.ndarray:
+    """t̂ = t/T (paper §3, Table 1)."""
+    return np.asarray(step, dtype=np.float64) / float(total_steps)
+
+
+def normalized_loss(loss: Any, final_loss: float) -> np.ndarray:
+    """ℓ(t̂) = L(t̂)/L(1): Eq. 1 with the offset L̂ = 0, as the paper uses (§2, §3)."""
+    return np.asarray(loss, dtype=np.float64) / final_loss
+
+
+def b_of_tau(b_const: float, b_exp: float, tau: Any) -> np.ndarray:
+    """b = b_const·τ^b_exp. Paper §5, Eq. 5 (App. D.1, Eq. 24)."""
+    return b_const * np.asarray(tau, dtype=np.float64) ** b_exp
+
+
+def q_of_tpp(q_const: float, q_exp: float, tokens_per_param: Any) -> np.ndarray:
+    """q = q_const·TPP^q_exp. Paper §5, Eq. 5 (App. D.1, Eq. 24)."""
+    return q_const * np.asarray(tokens_per_param, dtype=np.float64) ** q_exp
+
+
+def surrogate_raw(
+    t_hat: Any,
+    lr_multiplier: Any,
+    b: Any,
+    q: Any,
+    m: float = PAPER_M,
+    eps1: float = PAPER_EPS1,
+    eps2: float = PAPER_EPS2,
+) -> np.ndarray:
+    """ℓ̂_raw(t̂) = ((1+ε1)/(t̂+ε1))^m + b·(η(t̂)+ε2)^q. Paper §5, Eq. 4.
+
+    ``lr_multiplier`` is the peak-normalised schedule η(t̂) at the same points. All
+    arguments broadcast, so ``b`` and ``q`` may carry a leading curve axis.
+    """
+    t = np.asarray(t_hat, dtype=np.float64)
+    eta = np.asarray(lr_multiplier, dtype=np.float64)
+    return ((1.0 + eps1) / (t + eps1)) ** m + b * (eta + eps2) ** q
+
+
+def surrogate(
+    t_hat: Any,
+    lr_multiplier: Any,
+    lr_multiplier_final: Any,
+    b: Any,
+    q: Any,
+    m: float = PAPER_M,
+    eps1: float = PAPER_EPS1,
+    eps2: float = PAPER_EPS2,
+) -> np.ndarray:
+    """ℓ̂(t̂) = ℓ̂_raw(t̂)/ℓ̂_raw(1), so ℓ̂(1) = 1. Paper §5, Eq. 4.
+
+    ``lr_multiplier_final`` is η(1) (0 for decay-to-zero schedules).
+    """
+    final = surrogate_raw(1.0, lr_multiplier_final, b, q, m, eps1, eps2)
+    return surrogate_raw(t_hat, lr_multiplier, b, q, m, eps1, eps2) / final
