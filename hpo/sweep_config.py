@@ -1,0 +1,212 @@
+"""The sweep config: what to train, what to search, how to stop, where to record.
+
+A sweep is a base trainer config (``trainer:``, a ``TrainConfig``) plus a search space over
+``lr``, ``batch_size`` and one of ``weight_decay`` or ``tau`` (optionally ``seed``).
+The control held fixed is τ by default: every trial derives its own λ = B/(η·τ·D), so the
+normalised curves of the sweep share one shape and can be compared early (paper §4).
+``trainer.tau: power_lines`` sets τ = 1.084·TPP^−0.527, the Power Lines fit (a THIRD-PARTY
+number, see ``predictors.equations.power_lines_tau``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+from predictors.equations import power_lines_tau
+from trainers.config import TrainConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PREDICTOR = REPO_ROOT / "configs" / "predictors" / "default.json"
+SEARCHABLE = ("lr", "batch_size", "weight_decay", "tau", "seed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Dimension(_Strict):
+    """One searched hyperparameter: exactly one of ``grid``, ``choice`` or ``loguniform``."""
+
+    grid: Optional[list[float]] = None
+    choice: Optional[list[float]] = None
+    loguniform: Optional[tuple[float, float]] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Dimension":
+        given = [k for k in ("grid", "choice", "loguniform") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of grid, choice, loguniform")
+        values = self.grid or self.choice
+        if values is not None and len(values) == 0:
+            raise ValueError(f"{given[0]} must list at least one value")
+        if self.loguniform is not None:
+            low, high = self.loguniform
+            if not (0 < low < high) or not math.isfinite(high):
+                raise ValueError("loguniform needs 0 < low < high")
+        return self
+
+    def extremes(self) -> list[float]:
+        """The values to validate against the trainer config before anything runs."""
+        return list(self.grid or self.choice or self.loguniform or [])
+
+
+class SchedulerSettings(_Strict):
+    """CollapseScheduler settings (see ``hpo.scheduler``)."""
+
+    mode: Literal["sync", "async", "audit"] = "sync"
+    rungs: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3])
+    reduction_factor: float = 2.0
+    margin: float = 0.0
+    metric: str = "loss"
+
+    @field_validator("rungs")
+    @classmethod
+    def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
+        if not rungs:
+            raise ValueError("list at least one decision fraction")
+        if any(not (0.0 < r < 1.0) for r in rungs):
+            raise ValueError("every rung must lie in (0, 1)")
+        if sorted(set(rungs)) != list(rungs):
+            raise ValueError("rungs must be strictly increasing")
+        return rungs
+
+    @field_validator("reduction_factor")
+    @classmethod
+    def _rf(cls, value: float) -> float:
+        if not value > 1.0:
+            raise ValueError("must be > 1")
+        return value
+
+    @field_validator("margin")
+    @classmethod
+    def _margin(cls, value: float) -> float:
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ValueError("must be a finite number >= 0")
+        return value
+
+
+class Resources(_Strict):
+    cpu: float = 1.0
+    gpu: float = 0.0
+
+    @field_validator("cpu", "gpu")
+    @classmethod
+    def _non_negative(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+
+class RaySettings(_Strict):
+    address: Optional[str] = None
+    num_cpus: Optional[int] = None
+    max_concurrent_trials: Optional[int] = None
+
+
+class MlflowSettings(_Strict):
+    tracking_uri: Optional[str] = None  # default: sqlite:///<output>/mlflow.db (absolute)
+    experiment: str = "collapse-hpo"
+
+
+class SweepConfig(_Strict):
+    """A whole sweep, validated. Every error names its field."""
+
+    name: str = "sweep"
+    output_dir: Optional[str] = None  # default: runs/<name>
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, Dimension] = Field(default_factory=dict)
+    num_samples: int = 1
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    predictor: Optional[str] = None  # default: configs/predictors/default.json
+    resources: Resources = Field(default_factory=Resources)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+
+    @field_validator("search_space")
+    @classmethod
+    def _known_keys(cls, space: dict[str, Dimension]) -> dict[str, Dimension]:
+        unknown = sorted(set(space) - set(SEARCHABLE))
+        if unknown:
+            raise ValueError(f"cannot search {unknown}; searchable keys are {list(SEARCHABLE)}")
+        if "tau" in space and "weight_decay" in space:
+            raise ValueError("search one of weight_decay or tau, not both")
+        return space
+
+    @field_validator("num_samples")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
+
+    # -- derived ---------------------------------------------------------------------
+
+    def output_path(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.name}").resolve()
+
+    def predictor_path(self) -> Path:
+        return Path(self.predictor).resolve() if self.predictor else DEFAULT_PREDICTOR
+
+    def tracking_uri(self) -> str:
+        if self.mlflow.tracking_uri:
+            return self.mlflow.tracking_uri
+        return f"sqlite:///{self.output_path() / 'mlflow.db'}"
+
+    def base_trainer(self) -> dict[str, Any]:
+        """The trainer section with ``tau: power_lines`` resolved to a number."""
+        base = copy.deepcopy(self.trainer)
+        if base.get("tau") == "power_lines":
+            tpp = base.get("tokens_per_param", TrainConfig.model_fields["tokens_per_param"].default)
+            base["tau"] = power_lines_tau(float(tpp))
+        return base
+
+    def trial_trainer(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The trainer config of one trial: the base with the searched values applied.
+
+        Searching ``weight_decay`` releases the fixed τ (τ then varies with λ); searching
+        ``tau`` overrides it.
+        """
+        merged = self.base_trainer()
+        if "weight_decay" in overrides:
+            merged.pop("tau", None)
+        if "tau" in overrides:
+            merged.pop("weight_decay", None)
+        merged.update(overrides)
+        return merged
+
+
+def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dict] = None,
+                      overrides: tuple[str, ...] = ()) -> SweepConfig:
+    """Read, override and validate a sweep config; raise ``ConfigError`` naming the field.
+
+    Every trial configuration the search space can produce (all grid/choice values, the
+    ends of log-uniform ranges) is validated as a ``TrainConfig`` here, before any process
+    starts or any file is written.
+    """
+    source = str(path) if path is not None else "sweep config"
+    raw = read_yaml(str(path)) if path is not None else copy.deepcopy(data or {})
+    raw = apply_overrides(raw, overrides)
+    try:
+        config = SweepConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+    if config.base_trainer().get("tau") == "power_lines":  # pragma: no cover - resolved above
+        raise ConfigError(f"{source}: trainer.tau: power_lines could not be resolved")
+    names = list(config.search_space)
+    for values in itertools.product(*(config.search_space[n].extremes() for n in names)):
+        overrides_i = {n: (int(v) if n in ("batch_size", "seed") else v) for n, v in zip(names, values)}
+        try:
+            TrainConfig.model_validate(config.trial_trainer(overrides_i))
+        except ValidationError as exc:
+            where = ", ".join(f"{n}={v}" for n, v in overrides_i.items()) or "base config"
+            raise ConfigError(
+                format_validation_error(exc, f"{source}: trainer (trial {where})")
+            ) from None
+    return config

@@ -1,0 +1,107 @@
+"""Sweep config validation: every error names its field, nothing is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.overrides import ConfigError, apply_overrides
+from hpo.sweep_config import load_sweep_config
+from predictors.equations import power_lines_tau
+
+BASE = {
+    "name": "t",
+    "trainer": {
+        "model": {"d_model": 64, "n_layers": 2, "d_head": 32, "seq_len": 64},
+        "tokens_per_param": 20, "batch_size": 2048, "tau": 0.3,
+    },
+    "search_space": {"lr": {"grid": [0.005, 0.01]}},
+}
+
+
+def _error(data: dict, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_sweep_config(data=data, overrides=overrides)
+    return str(info.value)
+
+
+def test_shipped_sweep_configs_validate() -> None:
+    # Every shipped sweep config loads and holds the intended control fixed.
+    for path in sorted(Path("configs/sweeps").glob("*.yaml")):
+        config = load_sweep_config(path)
+        assert config.search_space, path
+
+
+def test_unknown_top_level_key_is_named() -> None:
+    # A misspelt key is an error naming it, never a silent default.
+    assert "schedular" in _error({**BASE, "schedular": {}})
+
+
+def test_search_both_tau_and_weight_decay_rejected() -> None:
+    # Only one of weight_decay and tau may be searched.
+    data = {**BASE, "search_space": {"tau": {"grid": [0.1]}, "weight_decay": {"grid": [0.1]}}}
+    assert "search_space" in _error(data)
+
+
+def test_non_searchable_key_rejected() -> None:
+    # Searching something the sweep cannot vary is an error naming the key.
+    assert "dropout" in _error({**BASE, "search_space": {"dropout": {"grid": [0.1]}}})
+
+
+def test_trial_values_are_validated_before_running() -> None:
+    # A grid value that makes a trial invalid (batch not divisible by seq_len) is caught up front.
+    data = {**BASE, "search_space": {"batch_size": {"grid": [2048, 1000]}}}
+    message = _error(data)
+    assert "batch_size" in message and "1000" in message
+
+
+def test_non_positive_lr_in_grid_names_field() -> None:
+    # lr <= 0 in the search space is reported with the field name.
+    assert "lr" in _error({**BASE, "search_space": {"lr": {"grid": [0.01, -1.0]}}})
+
+
+def test_rungs_must_be_increasing_fractions() -> None:
+    # Decision fractions outside (0, 1) are refused, naming scheduler.rungs.
+    assert "scheduler.rungs" in _error(BASE, "scheduler.rungs=[0.1, 1.5]")
+
+
+def test_loguniform_needs_increasing_bounds() -> None:
+    # A log-uniform range must have 0 < low < high.
+    assert "search_space.lr" in _error({**BASE, "search_space": {"lr": {"loguniform": [0.1, 0.01]}}})
+
+
+def test_weight_decay_search_releases_tau() -> None:
+    # Searching weight_decay drops the fixed tau so τ follows λ.
+    data = {**BASE, "search_space": {"weight_decay": {"grid": [0.1, 0.3]}}}
+    config = load_sweep_config(data=data)
+    trial = config.trial_trainer({"weight_decay": 0.1})
+    assert "tau" not in trial and trial["weight_decay"] == 0.1
+
+
+def test_power_lines_tau_resolves() -> None:
+    # tau: power_lines sets τ from the (third-party) Power Lines law at the trainer's TPP.
+    data = {**BASE, "trainer": {**BASE["trainer"], "tau": "power_lines", "tokens_per_param": 80}}
+    config = load_sweep_config(data=data)
+    assert config.base_trainer()["tau"] == pytest.approx(power_lines_tau(80))
+
+
+def test_set_overrides_parse_yaml_values() -> None:
+    # --set parses values as YAML and creates nested sections.
+    out = apply_overrides({"a": {"b": 1}}, ["a.b=2.5", "c.d=[1, 2]"])
+    assert out == {"a": {"b": 2.5}, "c": {"d": [1, 2]}}
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    # A missing config file gives an error naming the path.
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_sweep_config(tmp_path / "nope.yaml")
+
+
+def test_non_mapping_yaml_rejected(tmp_path: Path) -> None:
+    # A YAML file that is not a mapping gives one clear error naming the file.
+    path = tmp_path / "list.yaml"
+    path.write_text(yaml.safe_dump([1, 2]))
+    with pytest.raises(ConfigError, match="list.yaml"):
+        load_sweep_config(path)
