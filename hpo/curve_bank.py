@@ -1,0 +1,118 @@
+"""The curve bank: every finished reference or audit curve, with its controls, in one parquet file.
+
+Schema (long format, one row per logged point; zstd-compressed parquet):
+
+| column | meaning |
+|---|---|
+| ``run_id`` | sha1 (12 hex) of the run's resolved trainer config: the same config is the same run |
+| ``sweep`` | name of the calibration or sweep that produced it |
+| ``step``, ``tokens``, ``train_fraction`` | position in the run (t̂ = tokens / D) |
+| ``train_loss`` | mean training loss over the log interval (raw) |
+| ``smoothed_loss`` | trailing moving average over ``smoothing_tokens`` (what the scheduler sees) |
+| ``val_loss`` | validation loss on the fixed held-out set (NaN where not evaluated) |
+| ``lr`` | LR of the hidden matrices at that step |
+| ``tau``, ``tokens_per_param``, ``schedule``, ``warmup_fraction``, ``decay_fraction`` | the TLC controls |
+| ``n_params``, ``total_tokens``, ``batch_size``, ``eta``, ``weight_decay`` | N, D, B, η, λ |
+| ``d_model``, ``n_layers``, ``seq_len``, ``seed``, ``data_seed`` | model shape and seeds |
+| ``corpus_hash``, ``status`` | sha256 of the corpus bytes; completed / diverged |
+| ``config_json`` | the resolved trainer config (JSON), to rerun exactly |
+
+Loading never unpickles anything: parquet only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+RUN_COLUMNS = (
+    "run_id", "sweep", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
+    "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
+    "seq_len", "seed", "data_seed", "corpus_hash", "status", "config_json",
+)
+POINT_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
+
+
+class CurveBankError(ValueError):
+    """The bank file is missing columns or unreadable; the message names the file."""
+
+
+def run_id_of(trainer_config: dict[str, Any]) -> str:
+    """A stable id for a resolved trainer config (canonical JSON → sha1)."""
+    canonical = json.dumps(trainer_config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(canonical.encode()).hexdigest()[:12]
+
+
+def load_bank(path: str | Path) -> pd.DataFrame:
+    """Read the bank; an absent file is an empty bank."""
+    path = Path(path)
+    if not path.exists():
+        return pd.DataFrame(columns=list(RUN_COLUMNS + POINT_COLUMNS))
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - any reader error becomes one clear message
+        raise CurveBankError(f"{path}: cannot read curve bank: {exc}") from None
+    missing = [c for c in RUN_COLUMNS + POINT_COLUMNS if c not in frame.columns]
+    if missing:
+        raise CurveBankError(f"{path}: curve bank lacks columns {missing}")
+    return frame
+
+
+def run_ids(path: str | Path) -> set[str]:
+    frame = load_bank(path)
+    return set(frame["run_id"].unique()) if len(frame) else set()
+
+
+def curve_frame(run: dict[str, Any], points: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Rows for one run: ``run`` holds the run-level columns, ``points`` the logged records."""
+    frame = pd.DataFrame([{c: p.get(c, np.nan) for c in POINT_COLUMNS} for p in points])
+    for column in RUN_COLUMNS:
+        frame[column] = run.get(column)
+    return frame[list(RUN_COLUMNS + POINT_COLUMNS)]
+
+
+def append_runs(path: str | Path, frames: Iterable[pd.DataFrame]) -> int:
+    """Add runs to the bank (replacing any with the same run_id); atomic write. Returns rows."""
+    path = Path(path)
+    new = [f for f in frames if len(f)]
+    if not new:
+        return 0
+    existing = load_bank(path)
+    added = pd.concat(new, ignore_index=True)
+    if len(existing):
+        existing = existing[~existing["run_id"].isin(set(added["run_id"]))]
+        combined = pd.concat([existing, added], ignore_index=True)
+    else:
+        combined = added
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.parquet")
+    combined.to_parquet(tmp, compression="zstd", index=False)
+    os.replace(tmp, path)
+    return len(added)
+
+
+def bank_curves(frame: pd.DataFrame, *, loss_column: str = "smoothed_loss", completed_only: bool = True) -> list:
+    """Turn bank rows into ``predictors.Curve`` objects (one per run)."""
+    from predictors import Controls, Curve
+
+    curves = []
+    for run_id, rows in frame.groupby("run_id", sort=True):
+        first = rows.iloc[0]
+        if completed_only and first["status"] != "completed":
+            continue
+        rows = rows.sort_values("train_fraction")
+        values = rows[loss_column].to_numpy(dtype=float)
+        t_hat = rows["train_fraction"].to_numpy(dtype=float)
+        keep = np.isfinite(values) & (t_hat > 0)
+        controls = Controls.from_mapping(first.to_dict())
+        meta = {k: (first[k].item() if hasattr(first[k], "item") else first[k])
+                for k in RUN_COLUMNS if k != "config_json"}
+        meta["name"] = str(run_id)
+        curves.append(Curve(t_hat[keep], values[keep], controls, meta=meta))
+    return curves

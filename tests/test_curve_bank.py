@@ -1,0 +1,59 @@
+"""The curve bank: parquet round trip, replace-by-run-id, conversion to predictor curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hpo.curve_bank import CurveBankError, append_runs, bank_curves, curve_frame, load_bank, run_id_of
+
+
+def _run(run_id: str, tau: float, status: str = "completed") -> dict:
+    return {"run_id": run_id, "sweep": "test", "tau": tau, "tokens_per_param": 20.0,
+            "schedule": "linear", "warmup_fraction": 0.1, "decay_fraction": 0.2,
+            "n_params": 1000, "total_tokens": 20000, "batch_size": 100, "eta": 0.01,
+            "weight_decay": 0.1, "d_model": 32, "n_layers": 1, "seq_len": 32, "seed": 0,
+            "data_seed": 0, "corpus_hash": "abc", "status": status, "config_json": "{}"}
+
+
+def _points(n: int = 20) -> list[dict]:
+    t = np.linspace(0.05, 1.0, n)
+    return [{"step": i, "tokens": int(x * 20000), "train_fraction": float(x), "train_loss": 2 / x**0.1,
+             "smoothed_loss": 2 / x**0.1, "val_loss": float("nan"), "lr": 0.01} for i, x in enumerate(t)]
+
+
+def test_run_id_is_stable_and_order_free() -> None:
+    # The same config (in any key order) maps to the same run id; another config does not.
+    assert run_id_of({"a": 1, "b": {"c": 2}}) == run_id_of({"b": {"c": 2}, "a": 1})
+    assert run_id_of({"a": 1}) != run_id_of({"a": 2})
+
+
+def test_append_and_reload(tmp_path: Path) -> None:
+    # Appended runs come back with every column; re-appending a run replaces it, never duplicates.
+    path = tmp_path / "bank.parquet"
+    assert append_runs(path, [curve_frame(_run("r1", 0.1), _points()), curve_frame(_run("r2", 0.2), _points())]) == 40
+    append_runs(path, [curve_frame(_run("r1", 0.1), _points(10))])
+    frame = load_bank(path)
+    assert sorted(frame["run_id"].unique()) == ["r1", "r2"]
+    assert (frame["run_id"] == "r1").sum() == 10
+
+
+def test_bank_curves_skip_diverged(tmp_path: Path) -> None:
+    # Only completed runs become fit curves, each with its controls.
+    path = tmp_path / "bank.parquet"
+    append_runs(path, [curve_frame(_run("ok", 0.1), _points()),
+                       curve_frame(_run("bad", 0.1, status="diverged"), _points())])
+    curves = bank_curves(load_bank(path))
+    assert [c.meta["name"] for c in curves] == ["ok"]
+    assert curves[0].controls.tau == pytest.approx(0.1)
+
+
+def test_missing_columns_named(tmp_path: Path) -> None:
+    # A parquet file without the bank's columns is refused with a message naming the file.
+    path = tmp_path / "other.parquet"
+    pd.DataFrame({"x": [1]}).to_parquet(path)
+    with pytest.raises(CurveBankError, match="other.parquet"):
+        load_bank(path)
