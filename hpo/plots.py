@@ -1,0 +1,217 @@
+"""The report's PNG plots (matplotlib, Agg canvas; pyplot and its global state are not used,
+so drawing is safe in a headless process and inside Ray's driver).
+
+* :func:`plot_curves`     raw smoothed loss vs t̂ for every trial, rungs as vertical lines;
+* :func:`plot_normalized` each curve divided by its final loss (or latest predicted final),
+  with ℓ̂ per distinct controls dashed;
+* :func:`plot_regret`     regret vs stop fraction for predicted-best and current-best, or a
+  figure that says why it cannot be drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from hpo.scheduler_state import TrialRecord
+
+RULE_STYLE = {
+    "predicted_best": {"label": "predicted-best", "color": "tab:blue", "marker": "o"},
+    "current_best": {"label": "current-best", "color": "tab:orange", "marker": "s"},
+}
+
+
+def _figure(width: float = 9.0, height: float = 5.5) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _colors(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(max(n, 1))]
+
+
+def _history(rec: TrialRecord) -> tuple[np.ndarray, np.ndarray]:
+    from hpo.report import clean_history
+
+    return clean_history(rec.history)
+
+
+def _legend(ax: Any, n: int) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if n > 12:
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=7, loc="upper right")
+
+
+def _robust_ylim(ax: Any, values: list[np.ndarray], low_pad: float = 0.02, q: float = 0.98) -> None:
+    """Clip the y-range to the bulk of the data (early-training and pre-divergence spikes)."""
+    data = np.concatenate([v[np.isfinite(v)] for v in values if len(v)]) if values else np.array([])
+    if data.size < 2:
+        return
+    lo, hi = float(np.min(data)), float(np.quantile(data, q))
+    if hi > lo:
+        pad = (hi - lo) * 0.05
+        ax.set_ylim(lo - max(pad, low_pad * abs(lo) * 0.1), hi + pad)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _message(ax: Any, text: str) -> None:
+    text = "\n".join(textwrap.fill(line, 70) for line in text.splitlines())
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=10, transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_curves(trials: Sequence[TrialRecord], labels: dict[str, str], rungs: Sequence[float],
+                path: Path) -> Path:
+    """Smoothed loss vs t̂ per trial; stopped trials end at their rung (×), diverged ones are
+    dotted and end in a red ×; rungs are vertical lines."""
+    fig, ax = _figure()
+    colors = _colors(len(trials))
+    ys: list[np.ndarray] = []
+    drawn = 0
+    for color, rec in zip(colors, trials):
+        t, y = _history(rec)
+        if len(t) == 0:
+            continue
+        diverged = rec.status == "diverged" or rec.diverged_at is not None
+        label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
+        if diverged:
+            label += " (diverged)"
+        elif rec.status == "stopped" and rec.stopped_at is not None:
+            label += f" (stopped at {rec.stopped_at:g})"
+        ax.plot(t, y, color=color, lw=1.3, ls=":" if diverged else "-", label=label)
+        if diverged or rec.status == "stopped":
+            ax.plot(t[-1], y[-1], marker="x", color="red" if diverged else color, ms=7, mew=2)
+        ys.append(y[t >= 0.02] if np.any(t >= 0.02) else y)
+        drawn += 1
+    for i, r in enumerate(rungs):
+        ax.axvline(r, color="0.4", ls="--", lw=0.8, label="rungs" if i == 0 else None)
+    ax.set_xlim(0.0, 1.0)
+    ax.set_xlabel("training fraction t̂")
+    ax.set_ylabel("smoothed training loss")
+    ax.set_title(f"Loss curves ({drawn} of {len(trials)} trials with data)")
+    ax.grid(alpha=0.3)
+    _robust_ylim(ax, ys)
+    if drawn == 0:
+        ax.text(0.5, 0.5, "no trial has reported yet", ha="center", va="center", transform=ax.transAxes)
+    _legend(ax, len(trials))
+    return _save(fig, path)
+
+
+def plot_normalized(
+    trials: Sequence[TrialRecord],
+    labels: dict[str, str],
+    divisors: dict[str, tuple[float, str]],
+    predictor: Any,
+    path: Path,
+    controls_of: Optional[Callable[[TrialRecord], Any]] = None,
+) -> Path:
+    """Each curve divided by its final loss (solid) or by its latest predicted final loss
+    (thin); ℓ̂ of each distinct controls dashed (when a predictor is given)."""
+    fig, ax = _figure()
+    colors = _colors(len(trials))
+    color_of = {rec.trial_id: c for c, rec in zip(colors, trials)}
+    ys: list[np.ndarray] = []
+    drawn = 0
+    for rec in trials:
+        t, y = _history(rec)
+        if len(t) == 0 or rec.trial_id not in divisors:
+            continue
+        div, kind = divisors[rec.trial_id]
+        label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
+        label += " (÷ final)" if kind == "final" else " (÷ predicted final)"
+        ax.plot(t, y / div, color=color_of[rec.trial_id], lw=1.3 if kind == "final" else 0.9,
+                alpha=1.0 if kind == "final" else 0.8, label=label)
+        ys.append((y / div)[t >= 0.05] if np.any(t >= 0.05) else y / div)
+        drawn += 1
+
+    n_overlay = 0
+    if predictor is not None and controls_of is not None:
+        groups: dict[str, list[TrialRecord]] = {}
+        for rec in trials:
+            if rec.controls and rec.status != "diverged" and rec.diverged_at is None:
+                groups.setdefault(json.dumps(rec.controls, sort_keys=True, default=str), []).append(rec)
+        grid = np.linspace(0.01, 1.0, 200)
+        for recs in groups.values():
+            controls = controls_of(recs[0])
+            if controls is None:
+                continue
+            try:
+                ell = np.asarray(predictor.normalized_curve(grid, controls), dtype=np.float64)
+            except Exception:  # noqa: BLE001 - skip controls the predictor cannot draw
+                continue
+            c = recs[0].controls
+            desc = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in c.items() if k in ("tau", "tokens_per_param", "schedule"))
+            color = color_of[recs[0].trial_id] if len(recs) == 1 else "black"
+            ax.plot(grid, ell, ls="--", lw=1.1, color=color, label=f"ℓ̂ ({desc})")
+            n_overlay += 1
+    ax.axhline(1.0, color="0.5", lw=0.6)
+    ax.set_xlim(0.0, 1.0)
+    ax.set_xlabel("training fraction t̂")
+    ax.set_ylabel("L(t̂) / L(T)")
+    title = "Normalized curves (solid: ÷ final loss; thin: ÷ latest predicted final)"
+    if predictor is None:
+        title += "\nno predictor: ℓ̂ not drawn"
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    _robust_ylim(ax, ys)
+    if drawn == 0:
+        ax.text(0.5, 0.5, "no curve with a known or predicted final loss", ha="center", va="center",
+                transform=ax.transAxes)
+    _legend(ax, drawn + n_overlay)
+    return _save(fig, path)
+
+
+def plot_regret(curve: Sequence[dict[str, Any]], rung_rows: Sequence[dict[str, Any]], path: Path,
+                reason: Optional[str] = None) -> Path:
+    """Regret (final loss of the pick − best final loss) vs stop fraction per rule; the rung
+    table's picks (true regrets only) as large markers. Without data, a figure stating ``reason``."""
+    fig, ax = _figure(8.0, 5.0)
+    if not curve:
+        _message(ax, "Regret vs stop fraction not available:\n" + (reason or "no data"))
+        ax.set_title("Regret vs stop fraction")
+        return _save(fig, path)
+    for rule, style in RULE_STYLE.items():
+        pts = [(r["stop_fraction"], r["regret"]) for r in curve if r["rule"] == rule and r["regret"] is not None]
+        if not pts:
+            continue
+        s, reg = zip(*pts)
+        ax.plot(s, reg, color=style["color"], marker=style["marker"], ms=4, lw=1.4, label=style["label"])
+        rung_pts = [(r["rung_fraction"], r["regret"]) for r in rung_rows
+                    if r["rule"] == rule and r.get("regret") is not None]
+        if rung_pts:
+            rs, rr = zip(*rung_pts)
+            ax.scatter(rs, rr, s=90, facecolors="none", edgecolors=style["color"], lw=1.6,
+                       label=f"{style['label']} at rungs (decision log)")
+    ax.axhline(0.0, color="0.4", lw=0.8)
+    ax.set_xlim(0.0, 1.0)
+    ax.set_xlabel("stop fraction s (histories truncated at s)")
+    ax.set_ylabel("regret = final loss of pick − best final loss")
+    title = "Regret vs stop fraction"
+    if reason:
+        title += f"\n{reason}"
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
