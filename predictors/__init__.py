@@ -1,6 +1,40 @@
 """Normalisation, the paper's collapse surrogate, its fit, alignment and persistence."""
 
+from predictors.align import AlignSettings, CollapseResiduals, align_divisor, collapse_residuals
 from predictors.controls import Controls
+from predictors.curves import Curve
+from predictors.fit import FitBounds, FitResult, fit
+from predictors.normalize import (
+    check_curve,
+    drop_nonfinite,
+    normalize_loss,
+    smooth_loss,
+    training_fraction_of,
+    window_tokens_of,
+)
 from predictors.prediction import Prediction
+from predictors.predictor import DecisionError, Predictor
+from predictors.surrogate import SurrogateParams, normalized_surrogate
 
-__all__ = ["Controls", "Prediction"]
+__all__ = [
+    "AlignSettings",
+    "CollapseResiduals",
+    "Controls",
+    "Curve",
+    "DecisionError",
+    "FitBounds",
+    "FitResult",
+    "Prediction",
+    "Predictor",
+    "SurrogateParams",
+    "align_divisor",
+    "check_curve",
+    "collapse_residuals",
+    "drop_nonfinite",
+    "fit",
+    "normalize_loss",
+    "normalized_surrogate",
+    "smooth_loss",
+    "training_fraction_of",
+    "window_tokens_of",
+]

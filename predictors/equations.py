@@ -99,3 +99,16 @@ def surrogate(
     """
     final = surrogate_raw(1.0, lr_multiplier_final, b, q, m, eps1, eps2)
     return surrogate_raw(t_hat, lr_multiplier, b, q, m, eps1, eps2) / final
+
+
+def nqm_expected_loss(
+    t_hat: Any, tau: float, curvature: float = 1.0, noise_var: float = 1.0, theta0_sq: float = 0.0
+) -> np.ndarray:
+    """E[L(t̂)] = (h·σ_x²/(4τ))·(1 − e^(−2t̂/τ)) + (h/2)·e^(−2t̂/τ)·E[θ(0)²].
+
+    The noisy quadratic model under a constant LR (paper App. B.3, Eq. 15; main-text Eq. 3):
+    a variance floor ∝ 1/τ plus a bias that decays with timescale τ. ``curvature`` is h,
+    ``noise_var`` σ_x², ``theta0_sq`` E[θ(0)²] (0 gives Eq. 16).
+    """
+    decay = np.exp(-2.0 * np.asarray(t_hat, dtype=np.float64) / tau)
+    return curvature * noise_var / (4.0 * tau) * (1.0 - decay) + 0.5 * curvature * decay * theta0_sq

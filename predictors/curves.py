@@ -1,0 +1,83 @@
+"""A training-loss curve with its TLC controls: the unit the fit and the calibration work on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from predictors.controls import Controls
+from predictors.normalize import check_curve, normalize_loss, smooth_loss, training_fraction_of
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """One (smoothed) training-loss curve over the training fraction.
+
+    Args:
+        t_hat: training fractions, strictly increasing inside [0, 1].
+        loss: the (already smoothed) loss at those points, finite and > 0.
+        controls: τ, TPP and schedule of the run.
+        meta: free-form provenance (``n_params``, ``corpus_hash``, ``seed``, ``name`` ...).
+
+    Construction raises ``ValueError`` on bad input (non-finite losses are an error here, never
+    skipped; see :func:`predictors.normalize.drop_nonfinite`).
+    """
+
+    t_hat: np.ndarray
+    loss: np.ndarray
+    controls: Controls
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.controls, Controls):
+            raise ValueError(f"curve: controls must be a Controls, got {type(self.controls).__name__}")
+        name = f"curve {self.meta.get('name', '')}".strip()
+        t, y = check_curve(self.t_hat, self.loss, min_points=2, name=name)
+        t.setflags(write=False)
+        y.setflags(write=False)
+        object.__setattr__(self, "t_hat", t)
+        object.__setattr__(self, "loss", y)
+        object.__setattr__(self, "meta", dict(self.meta))
+
+    @property
+    def final_loss(self) -> float:
+        """The loss at the last point (L(1) when the curve ends at t̂ = 1)."""
+        return float(self.loss[-1])
+
+    @property
+    def normalized(self) -> np.ndarray:
+        """ℓ(t̂) = L(t̂)/L(last point) (paper Eq. 1 with L̂ = 0)."""
+        return normalize_loss(self.loss)
+
+    def head(self, stop_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        """The points with t̂ ≤ ``stop_fraction`` (what a trial stopped there has reported)."""
+        n = int(np.searchsorted(self.t_hat, stop_fraction, side="right"))
+        return self.t_hat[:n], self.loss[:n]
+
+    @classmethod
+    def from_tokens(
+        cls,
+        tokens: Any,
+        loss: Any,
+        total_tokens: float,
+        controls: Controls,
+        *,
+        window_tokens: float | None = None,
+        window_sequences: float | None = None,
+        seq_len: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> "Curve":
+        """Build from raw per-step losses: smooth over a token window, then t̂ = tokens/total.
+
+        Give the window either in tokens or in sequences (× ``seq_len``); a window of 0 means
+        the losses are already smoothed.
+        """
+        if window_tokens is None and window_sequences is None:
+            window_tokens = 0.0
+        smoothed = smooth_loss(
+            tokens, loss, window_tokens=window_tokens, window_sequences=window_sequences, seq_len=seq_len
+        )
+        t_hat = training_fraction_of(tokens, total_tokens)
+        return cls(t_hat, smoothed, controls, dict(meta or {}))

@@ -1,0 +1,435 @@
+"""The fitted predictor: ℓ̂ for any run's controls, final-loss prediction from a partial
+curve (paper §5 step 5), and JSON persistence (never pickle).
+
+The scheduler uses only :meth:`Predictor.load`, :meth:`Predictor.predict_final` and
+:meth:`Predictor.normalized_curve`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from predictors import equations
+from predictors.align import (
+    AlignSettings,
+    align_divisor,
+    check_segment,
+    rms_relative_residual,
+    segment_indices,
+)
+from predictors.controls import Controls
+from predictors.normalize import check_curve, check_t_hat
+from predictors.prediction import Prediction
+from predictors.surrogate import SurrogateParams
+
+SCHEMA = "collapse-hpo/predictor"
+SCHEMA_VERSION = 1
+# Used when the hpo package cannot be imported (predictors must stay importable on its own).
+FALLBACK_VERSION = "0.1.0"
+# The stop fractions at which fit() measures the decision error by default.
+DECISION_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
+# Sub-samples per point when ℓ̂ is averaged over a trailing smoothing window.
+SMOOTHING_SUBSAMPLES = 16
+
+
+def package_version() -> str:
+    """``hpo.__version__``, or a literal fallback when hpo cannot be imported."""
+    try:
+        from hpo import __version__
+
+        return str(__version__)
+    except Exception:  # pragma: no cover - depends on the environment
+        return FALLBACK_VERSION
+
+
+@dataclass(frozen=True)
+class DecisionError:
+    """Calibrated relative error of the predicted final loss, by stop fraction.
+
+    ``rel_error[i]`` is the ``statistic`` (``"rms"`` by default) of
+    (predicted final / true final − 1) over the calibration curves when predicting from the
+    first ``stop_fractions[i]`` of training. Between table points it is interpolated linearly;
+    outside the table it is held at the nearest end (documented in docs/predictor.md).
+    """
+
+    stop_fractions: tuple[float, ...]
+    rel_error: tuple[float, ...]
+    statistic: str = "rms"
+    n_curves: int = 0
+    source: str = "in-sample"
+    bias: Optional[tuple[float, ...]] = None
+
+    def __post_init__(self) -> None:
+        s = np.asarray(self.stop_fractions, dtype=np.float64)
+        e = np.asarray(self.rel_error, dtype=np.float64)
+        if s.ndim != 1 or s.size == 0 or s.shape != e.shape:
+            raise ValueError("decision_error: stop_fractions and rel_error must be non-empty lists of one length")
+        if not (np.all(np.isfinite(s)) and np.all(np.isfinite(e))):
+            raise ValueError("decision_error: values must be finite")
+        if np.any(s <= 0) or np.any(s > 1) or np.any(np.diff(s) <= 0):
+            raise ValueError("decision_error: stop_fractions must be strictly increasing in (0, 1]")
+        if np.any(e < 0):
+            raise ValueError("decision_error: rel_error must be ≥ 0")
+        if self.bias is not None and len(self.bias) != s.size:
+            raise ValueError("decision_error: bias must have one entry per stop fraction")
+        object.__setattr__(self, "stop_fractions", tuple(float(x) for x in s))
+        object.__setattr__(self, "rel_error", tuple(float(x) for x in e))
+        if self.bias is not None:
+            object.__setattr__(self, "bias", tuple(float(x) for x in self.bias))
+        object.__setattr__(self, "_s", s)
+        object.__setattr__(self, "_e", e)
+
+    def at(self, stop_fraction: float) -> float:
+        """Relative error at ``stop_fraction`` (linear between table points, clamped outside)."""
+        return float(np.interp(stop_fraction, self._s, self._e))  # type: ignore[attr-defined]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stop_fractions": list(self.stop_fractions),
+            "rel_error": list(self.rel_error),
+            "statistic": self.statistic,
+            "n_curves": int(self.n_curves),
+            "source": self.source,
+            "bias": None if self.bias is None else list(self.bias),
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class Predictor:
+    """A fitted collapse surrogate plus how to align partial curves to it.
+
+    Args:
+        params: b_const, b_exp, q_const, q_exp and the constants m, ε1, ε2 (Eq. 4–5).
+        m_fitted: whether m was fitted ("five-parameter mode") or fixed.
+        align: alignment settings for :meth:`predict_final`.
+        decision_error: calibrated relative error of the predicted final loss by stop fraction
+            (filled by :func:`predictors.fit`); ``None`` means uncalibrated.
+        provenance: what the predictor was fitted on (JSON-serialisable values).
+    """
+
+    params: SurrogateParams
+    m_fitted: bool = False
+    align: AlignSettings = field(default_factory=AlignSettings)
+    decision_error: Optional[DecisionError] = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, SurrogateParams):
+            raise ValueError("params: must be a SurrogateParams")
+        if not isinstance(self.align, AlignSettings):
+            raise ValueError("align: must be an AlignSettings")
+        # Small per-controls cache of (b, q, η(1)): the scheduler calls predict_final many
+        # times for the same few trials.
+        object.__setattr__(self, "_cache", {})
+
+    # ------------------------------------------------------------------ curves
+    def normalized_curve(self, t_hat: Any, controls: Controls) -> np.ndarray:
+        """ℓ̂ at ``t_hat`` (each in [0, 1], any order) for a run with ``controls`` (Eq. 4–5)."""
+        t = check_t_hat(np.atleast_1d(np.asarray(t_hat, dtype=np.float64)), increasing=False)
+        return self._ell_hat(t, controls)
+
+    def _ell_hat(self, t: np.ndarray, controls: Controls) -> np.ndarray:
+        if not isinstance(controls, Controls):
+            raise ValueError(f"controls: must be a Controls, got {type(controls).__name__}")
+        cache: dict[Controls, tuple[float, float, float]] = self._cache  # type: ignore[attr-defined]
+        key = controls
+        hit = cache.get(key)
+        if hit is None:
+            p = self.params
+            hit = (
+                float(p.b(controls.tau)),
+                float(p.q(controls.tokens_per_param)),
+                float(controls.schedule(1.0)),
+            )
+            if len(cache) > 4096:
+                cache.clear()
+            cache[key] = hit
+        b, q, eta1 = hit
+        p = self.params
+        return equations.surrogate(t, controls.schedule(t), eta1, b, q, p.m, p.eps1, p.eps2)
+
+    # ------------------------------------------------------------- prediction
+    def predict_final(
+        self,
+        t_hat: Any,
+        loss: Any,
+        controls: Controls,
+        *,
+        segment: Optional[tuple[float, float]] = None,
+        smoothing_window: float = 0.0,
+    ) -> Prediction:
+        """Predict the final loss L(T) of a run from its (smoothed) partial curve.
+
+        The prediction is the divisor that best aligns the observed segment with ℓ̂ on the same
+        segment (paper §5 step 5), under ``self.align``. ``segment = (start, end)`` overrides
+        the segment (t̂ bounds; points outside are ignored). The uncertainty (1σ, loss units) is
+        L(T)·sqrt(residual² + e(s)²): the RMS relative residual of the alignment combined with
+        the calibrated relative error e(s) at the stop fraction s (``decision_error``; 0 when the
+        predictor is uncalibrated).
+
+        ``smoothing_window`` (t̂ units, optional): when the losses are a trailing mean over this
+        window, ℓ̂ is averaged over the same trailing window before aligning, which removes the
+        smoothing lag (large at the end of warmup; see docs/predictor.md). 0 (default) aligns
+        against ℓ̂ itself.
+
+        Raises ``ValueError`` on NaN/inf losses (a diverged run has no prediction), t̂ not
+        strictly increasing in [0, 1], or fewer than ``align.min_points`` points.
+        """
+        settings = self.align
+        t, y = check_curve(t_hat, loss, min_points=settings.min_points, name="predict_final")
+        if segment is None:
+            end = float(t[-1])
+            start = max(settings.min_start, settings.start_ratio * end)
+            i0, i1 = segment_indices(t, end, start, settings.min_points)
+        else:
+            start, end = check_segment(segment)
+            i0 = int(np.searchsorted(t, start, side="left"))
+            i1 = int(np.searchsorted(t, end, side="right"))
+            if i1 - i0 < settings.min_points:
+                raise ValueError(
+                    f"predict_final: segment [{start:.4g}, {end:.4g}] holds {i1 - i0} points; "
+                    f"needs at least {settings.min_points}"
+                )
+        ts, ys = t[i0:i1], y[i0:i1]
+        if smoothing_window:
+            ell = self._smoothed_ell_hat(ts, float(t[0]), controls, smoothing_window)
+        else:
+            ell = self._ell_hat(ts, controls)
+        divisor = align_divisor(ys, ell, settings.objective)
+        if not math.isfinite(divisor) or divisor <= 0:
+            raise ValueError("predict_final: alignment gave a non-finite divisor")
+        residual = rms_relative_residual(ys, ell, divisor)
+        stop = float(ts[-1])
+        calibrated = self.decision_error.at(stop) if self.decision_error is not None else 0.0
+        sigma = divisor * math.sqrt(residual * residual + calibrated * calibrated)
+        return Prediction(
+            final_loss=divisor,
+            uncertainty=sigma,
+            stop_fraction=stop,
+            segment_start=float(ts[0]),
+            n_points=int(ts.size),
+            residual=residual,
+        )
+
+    def _smoothed_ell_hat(
+        self, ts: np.ndarray, t_first: float, controls: Controls, window: float
+    ) -> np.ndarray:
+        """Trailing mean of ℓ̂ over (t − window, t], from the first observed point on."""
+        if not (math.isfinite(window) and 0.0 <= window < 1.0):
+            raise ValueError(f"smoothing_window: must be in [0, 1), got {window!r}")
+        k = SMOOTHING_SUBSAMPLES
+        offsets = window * (np.arange(k) + 0.5) / k
+        sub = ts[:, None] - offsets[None, :]
+        valid = sub >= t_first
+        sub = np.where(valid, sub, ts[:, None])
+        ell = self._ell_hat(sub.ravel(), controls).reshape(sub.shape)
+        # The newest sub-sample is always valid, so every row has at least one.
+        valid[:, 0] = True
+        return (ell * valid).sum(axis=1) / valid.sum(axis=1)
+
+    def predict_curve(
+        self, t_hat: Any, loss: Any, controls: Controls, t_out: Any = None
+    ) -> np.ndarray:
+        """The whole predicted loss curve L(T)·ℓ̂(t̂) at ``t_out``.
+
+        ``t_out`` defaults to ``np.linspace(0, 1, 101)``; L(T) is :meth:`predict_final`'s.
+        """
+        final = self.predict_final(t_hat, loss, controls).final_loss
+        grid = np.linspace(0.0, 1.0, 101) if t_out is None else t_out
+        return final * self.normalized_curve(grid, controls)
+
+    # ------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document written by :meth:`save` (see ``PredictorFile``)."""
+        p = self.params
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "params": {
+                "b_const": p.b_const,
+                "b_exp": p.b_exp,
+                "q_const": p.q_const,
+                "q_exp": p.q_exp,
+                "m": p.m,
+                "eps1": p.eps1,
+                "eps2": p.eps2,
+                "m_fitted": bool(self.m_fitted),
+            },
+            "alignment": self.align.to_dict(),
+            "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
+            "provenance": _jsonable(self.provenance),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "predictor") -> "Predictor":
+        """Validate a document (as written by :meth:`to_dict`) and build the predictor.
+
+        Raises ``ValueError`` naming ``source`` and the offending field.
+        """
+        try:
+            doc = PredictorFile.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{source}: invalid predictor file: {_describe(exc)}") from None
+        pr = doc.params
+        try:
+            params = SurrogateParams(pr.b_const, pr.b_exp, pr.q_const, pr.q_exp, pr.m, pr.eps1, pr.eps2)
+            align = AlignSettings(**doc.alignment.model_dump())
+            de = None
+            if doc.decision_error is not None:
+                d = doc.decision_error
+                de = DecisionError(
+                    tuple(d.stop_fractions), tuple(d.rel_error), d.statistic, d.n_curves, d.source,
+                    None if d.bias is None else tuple(d.bias),
+                )
+        except ValueError as exc:
+            raise ValueError(f"{source}: invalid predictor file: {exc}") from None
+        return cls(params, pr.m_fitted, align, de, dict(doc.provenance))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the predictor as JSON (atomically) and return the path."""
+        path = Path(path)
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Predictor":
+        """Read and validate a predictor JSON file.
+
+        Raises ``ValueError`` with the file name and the field on a malformed file (missing
+        field, wrong type, NaN/inf, out-of-range value, unknown schema version), and
+        ``FileNotFoundError`` when it does not exist.
+        """
+        path = Path(path)
+        text = path.read_text()
+        try:
+            data = json.loads(text, parse_constant=_reject_constant)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        return cls.from_dict(data, source=str(path))
+
+    def __repr__(self) -> str:
+        p = self.params
+        return (
+            f"Predictor(b_const={p.b_const:.4g}, b_exp={p.b_exp:.4g}, q_const={p.q_const:.4g}, "
+            f"q_exp={p.q_exp:.4g}, m={p.m:.4g}{' (fitted)' if self.m_fitted else ''}, "
+            f"align={self.align.objective}@[{self.align.start_ratio}·s, s], "
+            f"calibrated={self.decision_error is not None})"
+        )
+
+
+# ---------------------------------------------------------------- the file schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class ParamsModel(_Strict):
+    b_const: float = Field(gt=0)
+    b_exp: float
+    q_const: float = Field(gt=0)
+    q_exp: float
+    m: float = Field(gt=0)
+    eps1: float = Field(gt=0)
+    eps2: float = Field(gt=0)
+    m_fitted: bool
+
+
+class AlignModel(_Strict):
+    objective: Literal["log", "l2", "l1"]
+    start_ratio: float = Field(ge=0, le=1)
+    min_start: float = Field(ge=0, lt=1)
+    min_points: int = Field(ge=1)
+
+
+class DecisionErrorModel(_Strict):
+    stop_fractions: list[float] = Field(min_length=1)
+    rel_error: list[float] = Field(min_length=1)
+    statistic: str = "rms"
+    n_curves: int = Field(default=0, ge=0)
+    source: str = "in-sample"
+    bias: Optional[list[float]] = None
+
+    @field_validator("rel_error")
+    @classmethod
+    def _non_negative(cls, v: list[float]) -> list[float]:
+        if any(x < 0 for x in v):
+            raise ValueError("relative errors must be ≥ 0")
+        return v
+
+    @field_validator("stop_fractions")
+    @classmethod
+    def _fractions(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 or x > 1 for x in v) or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError("must be strictly increasing training fractions in (0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "DecisionErrorModel":
+        if len(self.stop_fractions) != len(self.rel_error):
+            raise ValueError("stop_fractions and rel_error must have the same length")
+        if self.bias is not None and len(self.bias) != len(self.stop_fractions):
+            raise ValueError("bias must have one entry per stop fraction")
+        return self
+
+
+class PredictorFile(_Strict):
+    """The on-disk schema of a predictor (version 1)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, populate_by_name=True)
+
+    schema_: Literal["collapse-hpo/predictor"] = Field(alias="schema")
+    schema_version: Literal[1]
+    params: ParamsModel
+    alignment: AlignModel
+    decision_error: Optional[DecisionErrorModel] = None
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join("schema" if x == "schema_" else str(x) for x in err["loc"]) or "(document)"
+        parts.append(f"field '{loc}': {err['msg']}")
+    more = len(exc.errors()) - 5
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} in JSON (NaN/Infinity are not allowed)")
+
+
+def _jsonable(value: Any) -> Any:
+    """Convert numpy scalars/arrays and tuples so json.dumps(allow_nan=False) accepts them."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -1,0 +1,119 @@
+"""Predictor persistence (JSON, never pickle): round trip, schema, and clear errors on bad files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from predictors import AlignSettings, Controls, Curve, DecisionError, Predictor, SurrogateParams, fit
+from predictors.predictor import SCHEMA_VERSION
+from trainers.schedules import Schedule
+
+PRED = Predictor(
+    SurrogateParams(0.31, -0.27, 1.9, -0.21, m=0.14),
+    m_fitted=True,
+    align=AlignSettings("l2", 0.6, 0.01, 4),
+    decision_error=DecisionError((0.1, 0.2, 0.3, 0.5), (0.03, 0.012, 0.008, 0.004), bias=(0.01, 0, 0, 0)),
+    provenance={"n_curves": 3, "tau_range": [0.05, 0.8], "corpus_hash": "deadbeef", "arr": np.arange(2)},
+)
+CTRL = Controls(0.11, 40.0, Schedule("wsd", warmup_fraction=0.05, decay_fraction=0.3))
+T = np.linspace(0.001, 0.3, 300)
+Y = 2.2 * PRED.normalized_curve(T, CTRL) * (1 + 0.003 * np.sin(40 * T))
+
+
+def test_round_trip_predicts_identically(tmp_path):
+    # load(save(p)) has the same parameters, settings and table, and gives bit-identical predictions.
+    path = PRED.save(tmp_path / "sub" / "p.json")
+    back = Predictor.load(path)
+    assert back.params == PRED.params and back.align == PRED.align and back.m_fitted
+    assert back.decision_error == PRED.decision_error
+    assert back.predict_final(T, Y, CTRL) == PRED.predict_final(T, Y, CTRL)
+    np.testing.assert_array_equal(back.normalized_curve(T, CTRL), PRED.normalized_curve(T, CTRL))
+    assert back.provenance["arr"] == [0, 1] and back.provenance["corpus_hash"] == "deadbeef"
+
+
+def test_file_is_plain_json_with_schema_fields(tmp_path):
+    # The file is JSON (no pickle) carrying the schema version, parameters, m-flag, alignment and table.
+    path = PRED.save(tmp_path / "p.json")
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "collapse-hpo/predictor" and doc["schema_version"] == SCHEMA_VERSION
+    assert set(doc["params"]) == {"b_const", "b_exp", "q_const", "q_exp", "m", "eps1", "eps2", "m_fitted"}
+    assert doc["params"]["m_fitted"] is True
+    assert doc["alignment"] == {"objective": "l2", "start_ratio": 0.6, "min_start": 0.01, "min_points": 4}
+    assert doc["decision_error"]["rel_error"] == [0.03, 0.012, 0.008, 0.004]
+
+
+def test_fitted_predictor_saves_provenance(tmp_path):
+    # A fitted predictor's file records the curves, controls, corpus hash, MAEs, date and version.
+    t = np.linspace(0.0, 1.0, 200)
+    curves = [
+        Curve(t, 2.0 * PRED.normalized_curve(t, Controls(tau, 20.0)), Controls(tau, 20.0),
+              {"n_params": 98_000, "corpus_hash": "h1"})
+        for tau in (0.05, 0.2, 0.8)
+    ]
+    r = fit(curves, provenance={"model_family": "tiny"})
+    back = Predictor.load(r.predictor.save(tmp_path / "fitted.json"))
+    prov = back.provenance
+    for key in ("n_curves", "model_sizes", "tokens_per_param", "tau_range", "schedules", "corpus_hash",
+                "fit_mae", "oracle_mae", "date", "package_version"):
+        assert key in prov, key
+    assert prov["model_family"] == "tiny" and prov["corpus_hash"] == "h1" and prov["model_sizes"] == [98_000]
+    assert back.decision_error is not None and back.decision_error.n_curves == 3
+
+
+def _mutate(tmp_path, fn):
+    doc = PRED.to_dict()
+    fn(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d["params"].pop("b_exp"), "params.b_exp"),
+        (lambda d: d["params"].update(q_const="2.0"), "params.q_const"),
+        (lambda d: d["params"].update(eps1=-1e-3), "params.eps1"),
+        (lambda d: d["params"].update(m_fitted="yes"), "params.m_fitted"),
+        (lambda d: d["alignment"].update(objective="l3"), "alignment.objective"),
+        (lambda d: d["alignment"].update(min_points=0), "alignment.min_points"),
+        (lambda d: d.update(schema_version=2), "schema_version"),
+        (lambda d: d.update(schema="other"), "schema"),
+        (lambda d: d.pop("alignment"), "alignment"),
+        (lambda d: d.update(extra=1), "extra"),
+        (lambda d: d["decision_error"].update(rel_error=[0.1, -0.1, 0.1, 0.1]), "decision_error.rel_error"),
+        (lambda d: d["decision_error"].update(stop_fractions=[0.3, 0.2, 0.1, 0.5]), "decision_error.stop_fractions"),
+    ],
+)
+def test_malformed_file_names_file_and_field(tmp_path, mutate, field):
+    # A missing field, wrong type, out-of-range value or unknown schema gives a ValueError naming both.
+    path = _mutate(tmp_path, mutate)
+    with pytest.raises(ValueError) as err:
+        Predictor.load(path)
+    assert str(path) in str(err.value) and f"'{field}'" in str(err.value)
+
+
+def test_nan_in_file_is_rejected(tmp_path):
+    # NaN/Infinity literals in the JSON are rejected with the file name.
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps(PRED.to_dict()).replace('"b_exp": -0.27', '"b_exp": NaN'))
+    with pytest.raises(ValueError, match="NaN") as err:
+        Predictor.load(path)
+    assert str(path) in str(err.value)
+
+
+def test_not_json_and_missing_file(tmp_path):
+    # Garbage is a ValueError naming the file; a missing file is FileNotFoundError.
+    path = tmp_path / "garbage.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Predictor.load(path)
+    with pytest.raises(FileNotFoundError):
+        Predictor.load(tmp_path / "absent.json")
+
+
+def test_save_refuses_nan_parameters():
+    # A predictor cannot even be built with NaN parameters, so a NaN never reaches the file.
+    with pytest.raises(ValueError, match="b_exp"):
+        SurrogateParams(0.3, float("nan"), 2.0, -0.2)
