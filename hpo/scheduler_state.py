@@ -1,0 +1,374 @@
+"""The persisted state of :class:`hpo.scheduler.CollapseScheduler`: ``scheduler_state.json``.
+
+Ray Tune does not checkpoint scheduler state (``TuneController.save_to_dir`` saves the
+search algorithm and callbacks only), so the scheduler keeps everything it needs to
+resume, and everything a report needs to explain its decisions, in one JSON file:
+
+* per trial (:class:`TrialRecord`): config, controls, the (t̂, loss) history, status,
+  the rung it was stopped at, the final metric;
+* per rung (:class:`RungRecord`): the decision log, one :class:`RungEntry` per trial
+  judged there (loss at the rung, t̂ used, predicted final loss ± uncertainty, decision,
+  human-readable reason), plus who was predicted-best and current-best and how much of
+  the sweep's compute had been spent when the rung was decided;
+* the early answer, once the last rung is decided.
+
+The file is written atomically (temporary file in the same folder, then ``os.replace``),
+so a crash leaves either the old or the new version, never half of one. Non-finite
+floats are written as ``null`` so the file stays strict JSON.
+
+Schema (``version`` 1)::
+
+    {
+      "version": 1,
+      "settings": {"metric", "mode", "time_attr", "rungs", "reduction_factor",
+                   "margin", "decision_mode", "min_points"},
+      "trials": {trial_id: {"trial_id", "order", "config", "controls", "history": [[t, loss], ...],
+                            "status", "stopped_at", "would_stop_at", "diverged_at",
+                            "final_metric", "last_train_fraction", "n_params", "total_tokens",
+                            "latest_prediction": {"rung", "train_fraction", "final_loss",
+                                                  "uncertainty"} | null}},
+      "rungs": [{"index", "fraction", "decided", "decided_at", "n_participants", "n_keep",
+                 "margin", "survivors", "predicted_best", "current_best", "compute_fraction",
+                 "entries": {trial_id: {"trial_id", "train_fraction", "smoothed_loss",
+                                        "n_points", "predicted_final_loss", "uncertainty",
+                                        "decision", "reason", "late", "decided_at",
+                                        "compute_fraction"}}}],
+      "early_answer": {...} | null,
+      "updated_at": "<ISO 8601 UTC>"
+    }
+
+Trial ``status`` is one of :data:`TRIAL_STATUSES`; entry ``decision`` one of
+:data:`DECISIONS`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional, Union
+
+SCHEMA_VERSION = 1
+
+#: Trial statuses as the scheduler sees them.
+TRIAL_STATUSES = ("pending", "running", "paused", "completed", "stopped", "diverged", "error")
+#: Statuses after which a trial takes no further part in any rung.
+TERMINAL_STATUSES = frozenset({"completed", "stopped", "diverged", "error"})
+#: Decisions in the rung log. ``pending``: reached an undecided rung; ``continue``: kept at an
+#: intermediate rung; ``keep``: kept at the last rung; ``stop``: stopped; ``would_*``: audit
+#: mode; ``completed``: finished before the rung was decided, nothing left to stop;
+#: ``removed``: left the sweep (error, removal, divergence) before the rung was decided.
+DECISIONS = ("pending", "continue", "keep", "stop", "would_keep", "would_stop", "completed", "removed")
+
+
+class StateFileError(ValueError):
+    """``scheduler_state.json`` could not be read; the message names the file."""
+
+
+def utc_now() -> str:
+    """The current time as an ISO 8601 UTC string (second resolution)."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def json_safe(value: Any) -> Any:
+    """A JSON-serialisable copy of ``value``: non-finite floats become None, numpy scalars
+    plain numbers, tuples lists, mapping keys strings, anything else its ``repr``."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    item = getattr(value, "item", None)  # numpy scalar
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        try:
+            return json_safe(item())
+        except Exception:  # noqa: BLE001 - fall back to repr below
+            pass
+    tolist = getattr(value, "tolist", None)  # numpy array
+    if callable(tolist):
+        try:
+            return json_safe(tolist())
+        except Exception:  # noqa: BLE001
+            pass
+    return repr(value)
+
+
+def _opt_float(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+@dataclass
+class RungEntry:
+    """One trial judged at one rung (a line of the decision log).
+
+    Attributes:
+        trial_id: the Ray trial id.
+        train_fraction: the t̂ of the first result at or past the rung (the point used).
+        smoothed_loss: the reported (smoothed) metric at that point.
+        n_points: history points used for the prediction.
+        predicted_final_loss: the predictor's final loss, or None if it could not predict.
+        uncertainty: one standard deviation of ``predicted_final_loss``.
+        decision: one of :data:`DECISIONS`.
+        reason: a human-readable explanation of the decision.
+        late: True when judged after the rung had been decided (against the recorded
+            predictions, as ASHA does), or in async mode.
+        decided_at: ISO time of the decision.
+        compute_fraction: the sweep's compute fraction spent when decided.
+    """
+
+    trial_id: str
+    train_fraction: float
+    smoothed_loss: Optional[float]
+    n_points: int = 0
+    predicted_final_loss: Optional[float] = None
+    uncertainty: Optional[float] = None
+    decision: str = "pending"
+    reason: str = ""
+    late: bool = False
+    decided_at: Optional[str] = None
+    compute_fraction: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RungEntry":
+        entry = cls(**_known(cls, data))
+        entry.train_fraction = float(entry.train_fraction)
+        entry.smoothed_loss = _opt_float(entry.smoothed_loss)
+        entry.predicted_final_loss = _opt_float(entry.predicted_final_loss)
+        entry.uncertainty = _opt_float(entry.uncertainty)
+        if entry.decision not in DECISIONS:
+            raise ValueError(f"rung entry {entry.trial_id}: unknown decision {entry.decision!r}")
+        return entry
+
+
+@dataclass
+class RungRecord:
+    """The decision log of one rung.
+
+    Attributes:
+        index: position in the scheduler's rung list.
+        fraction: the decision fraction t̂ of this rung.
+        decided: True once the rung's (sync or audit) decision has been made. Async mode
+            decides trial by trial and leaves this False.
+        decided_at: ISO time of the decision.
+        n_participants: trials ranked at the decision.
+        n_keep: how many the rule kept (⌈n/rf⌉ at intermediate rungs; at the last rung the
+            predicted best plus those within the margin).
+        margin: the margin (in combined standard deviations) used at this rung.
+        survivors: ids of the trials kept at the decision (late arrivals append).
+        predicted_best: id of the trial with the best predicted final loss at the rung.
+        current_best: id of the trial with the best smoothed loss at the rung.
+        compute_fraction: Σ t̂_i·N_i·D_i / Σ N_i·D_i when the rung was decided.
+        entries: one :class:`RungEntry` per trial that reached the rung, by trial id.
+    """
+
+    index: int
+    fraction: float
+    decided: bool = False
+    decided_at: Optional[str] = None
+    n_participants: int = 0
+    n_keep: int = 0
+    margin: float = 0.0
+    survivors: list[str] = field(default_factory=list)
+    predicted_best: Optional[str] = None
+    current_best: Optional[str] = None
+    compute_fraction: Optional[float] = None
+    entries: dict[str, RungEntry] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "entries"}
+        data = json_safe(data)
+        data["entries"] = {tid: e.to_dict() for tid, e in self.entries.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RungRecord":
+        raw = dict(data)
+        entries = raw.pop("entries", {}) or {}
+        rung = cls(**_known(cls, raw))
+        rung.fraction = float(rung.fraction)
+        rung.margin = float(rung.margin or 0.0)
+        rung.survivors = [str(s) for s in rung.survivors or []]
+        rung.compute_fraction = _opt_float(rung.compute_fraction)
+        rung.entries = {str(tid): RungEntry.from_dict(e) for tid, e in entries.items()}
+        return rung
+
+
+@dataclass
+class TrialRecord:
+    """What the scheduler knows about one trial.
+
+    Attributes:
+        trial_id: the Ray trial id (stable across ``Tuner.restore``).
+        order: the order in which the scheduler first saw the trial.
+        config: ``trial.config``, JSON-safe.
+        controls: ``predictors.Controls.to_dict()`` from the latest result, or None.
+        history: ``[[t̂, loss], ...]`` of finite results, t̂ non-decreasing.
+        status: one of :data:`TRIAL_STATUSES`.
+        stopped_at: the rung fraction at which the scheduler stopped the trial.
+        would_stop_at: audit mode: the rung fraction at which sync mode would have stopped it.
+        diverged_at: t̂ of the non-finite (or ``diverged=True``) result.
+        final_metric: the last finite metric of a completed trial.
+        last_train_fraction: the latest t̂ seen (also for non-finite results).
+        n_params: reported N (for compute weights), if any.
+        total_tokens: reported D (for compute weights), if any.
+        latest_prediction: ``{"rung", "train_fraction", "final_loss", "uncertainty"}`` of the
+            latest rung at which the trial was predicted.
+    """
+
+    trial_id: str
+    order: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    controls: Optional[dict[str, Any]] = None
+    history: list[list[float]] = field(default_factory=list)
+    status: str = "pending"
+    stopped_at: Optional[float] = None
+    would_stop_at: Optional[float] = None
+    diverged_at: Optional[float] = None
+    final_metric: Optional[float] = None
+    last_train_fraction: float = 0.0
+    n_params: Optional[float] = None
+    total_tokens: Optional[float] = None
+    latest_prediction: Optional[dict[str, Any]] = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialRecord":
+        rec = cls(**_known(cls, data))
+        if rec.status not in TRIAL_STATUSES:
+            raise ValueError(f"trial {rec.trial_id}: unknown status {rec.status!r}")
+        rec.history = [[float(t), float(v)] for t, v in rec.history or []]
+        rec.config = dict(rec.config or {})
+        rec.last_train_fraction = float(rec.last_train_fraction or 0.0)
+        return rec
+
+
+@dataclass
+class SchedulerState:
+    """Everything in ``scheduler_state.json``.
+
+    Attributes:
+        settings: the scheduler's settings when the state was written (checked on restore).
+        trials: :class:`TrialRecord` by trial id.
+        rungs: one :class:`RungRecord` per rung, in rung order.
+        early_answer: the early-answer dict once the last rung is decided, else None.
+        version: schema version (:data:`SCHEMA_VERSION`).
+        updated_at: ISO time of the last write.
+    """
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    trials: dict[str, TrialRecord] = field(default_factory=dict)
+    rungs: list[RungRecord] = field(default_factory=list)
+    early_answer: Optional[dict[str, Any]] = None
+    version: int = SCHEMA_VERSION
+    updated_at: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "settings": json_safe(self.settings),
+            "trials": {tid: rec.to_dict() for tid, rec in self.trials.items()},
+            "rungs": [r.to_dict() for r in self.rungs],
+            "early_answer": json_safe(self.early_answer),
+            "updated_at": self.updated_at,
+        }
+
+    def to_json(self, indent: Optional[int] = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<state>") -> "SchedulerState":
+        """Build from a parsed dict; any problem raises :class:`StateFileError` naming ``source``."""
+        try:
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            version = data.get("version")
+            if version != SCHEMA_VERSION:
+                raise ValueError(f"unsupported version {version!r} (this code reads {SCHEMA_VERSION})")
+            trials_raw = data.get("trials") or {}
+            rungs_raw = data.get("rungs") or []
+            if not isinstance(trials_raw, dict) or not isinstance(rungs_raw, list):
+                raise ValueError("'trials' must be an object and 'rungs' a list")
+            trials = {str(tid): TrialRecord.from_dict(rec) for tid, rec in trials_raw.items()}
+            for tid, rec in trials.items():
+                if rec.trial_id != tid:
+                    raise ValueError(f"trial key {tid!r} does not match its trial_id {rec.trial_id!r}")
+            return cls(
+                settings=dict(data.get("settings") or {}),
+                trials=trials,
+                rungs=[RungRecord.from_dict(r) for r in rungs_raw],
+                early_answer=data.get("early_answer"),
+                version=int(version),
+                updated_at=data.get("updated_at"),
+            )
+        except StateFileError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise StateFileError(f"{source}: malformed scheduler state: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<state>") -> "SchedulerState":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StateFileError(f"{source}: not valid JSON: {exc}") from exc
+        return cls.from_dict(data, source=source)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "SchedulerState":
+        """Read ``path``; a missing, unreadable or malformed file raises :class:`StateFileError`."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise StateFileError(f"{path}: cannot read scheduler state: {exc}") from exc
+        return cls.from_json(text, source=str(path))
+
+    def save(self, path: Union[str, Path]) -> None:
+        """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.updated_at = utc_now()
+        text = self.to_json()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the report and CLI read this file
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``data`` that are fields of the dataclass ``cls`` (forward compatibility)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}

@@ -1,0 +1,808 @@
+"""Tests of ``hpo.scheduler.CollapseScheduler``.
+
+Unit tests drive the scheduler the way Ray's own scheduler tests do: stub ``Trial`` objects
+and a small fake controller that mimics what ``TuneController`` (Ray 2.60) does with the
+scheduler's decisions (checked against ``ray/tune/execution/tune_controller.py``):
+
+* ``stop_trial``: PENDING/PAUSED → ``on_trial_remove``; RUNNING → ``on_trial_complete`` with
+  the last result; then status TERMINATED.
+* PAUSE → status PAUSED; resuming only via ``choose_trial_to_run``; PENDING trials are also
+  started by the controller itself.
+* a result with ``done=True`` never reaches ``on_trial_result``: STOP + ``on_trial_complete``.
+
+Curves are synthetic: loss(t̂) = L·(1 + τ·(1 − t̂)), and the fake predictor inverts exactly
+that, so the predicted final loss of a trial is its L, while its current loss also depends
+on τ (so "current best" and "predicted best" differ).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import TrialScheduler
+
+from hpo.scheduler import CollapseScheduler
+from hpo.scheduler_state import SchedulerState, StateFileError
+
+CONTINUE, PAUSE, STOP = TrialScheduler.CONTINUE, TrialScheduler.PAUSE, TrialScheduler.STOP
+DT = 0.05  # report interval in t̂
+
+
+@dataclass(frozen=True)
+class FakePrediction:
+    final_loss: float
+    uncertainty: float
+    stop_fraction: float = 0.0
+    segment_start: float = 0.0
+    n_points: int = 0
+    residual: float = 0.0
+
+
+class FakePredictor:
+    """Inverts the synthetic curve: final = loss(t̂)/(1 + τ(1 − t̂)); σ fixed or per-τ."""
+
+    def __init__(self, sigma: float = 0.01, fail_for_tau: Optional[float] = None) -> None:
+        self.sigma = sigma
+        self.fail_for_tau = fail_for_tau
+        self.calls = 0
+
+    def predict_final(self, t_hat: np.ndarray, loss: np.ndarray, controls: Any) -> FakePrediction:
+        self.calls += 1
+        if self.fail_for_tau is not None and controls.tau == self.fail_for_tau:
+            raise RuntimeError("cannot align this curve")
+        t = float(t_hat[-1])
+        final = float(loss[-1]) / (1.0 + controls.tau * (1.0 - t))
+        return FakePrediction(final, self.sigma, stop_fraction=t, n_points=len(t_hat))
+
+
+def curve(final: float, tau: float, t: float) -> float:
+    return final * (1.0 + tau * (1.0 - t))
+
+
+def make_result(final: float, tau: float, t: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "loss": curve(final, tau, t), "train_fraction": t, "tau": tau, "tokens_per_param": 20.0,
+        "schedule": "linear", "warmup_fraction": 0.1, "training_iteration": int(round(t / DT)),
+        **extra,
+    }
+
+
+def stub(tid: str, **config: Any) -> Trial:
+    return Trial("__fake", trial_id=tid, stub=True, config=dict(config))
+
+
+class FakeController:
+    """The parts of ``TuneController`` a scheduler sees, plus a tiny event loop.
+
+    Each trial is given by its config ``final`` (true final loss) and ``tau``.
+    """
+
+    def __init__(self, scheduler: CollapseScheduler, trials: list[Trial]) -> None:
+        self.sched = scheduler
+        self.trials = list(trials)
+        self.last_result: dict[str, dict] = {}
+        self.pos: dict[str, int] = {t.trial_id: 0 for t in self.trials}
+        self.stop_calls: list[str] = []
+        self.decisions: list[tuple[str, float, str]] = []
+        self.chosen_paused: list[str] = []
+        for t in self.trials:
+            scheduler.on_trial_add(self, t)
+
+    # --- the controller API the scheduler may use (whitelisted in TrialRunnerWrapper)
+    def get_trials(self) -> list[Trial]:
+        return self.trials
+
+    def get_live_trials(self) -> set:
+        return {t for t in self.trials if t.status != Trial.TERMINATED}
+
+    def stop_trial(self, trial: Trial) -> None:
+        self.stop_calls.append(trial.trial_id)
+        if trial.status in (Trial.ERROR, Trial.TERMINATED):
+            return
+        if trial.status in (Trial.PENDING, Trial.PAUSED):
+            self.sched.on_trial_remove(self, trial)
+        else:
+            self.sched.on_trial_complete(self, trial, self.last_result.get(trial.trial_id, {}))
+        trial.temporary_state.saving_to = None
+        trial.set_status(Trial.TERMINATED)
+
+    def pause_trial(self, trial: Trial, should_checkpoint: bool = True) -> None:
+        trial.set_status(Trial.PAUSED)
+
+    # --- test helpers
+    def add(self, trial: Trial) -> None:
+        self.trials.append(trial)
+        self.pos[trial.trial_id] = 0
+        self.sched.on_trial_add(self, trial)
+
+    def step(self, trial: Trial, *, error: bool = False, **extra: Any) -> Optional[str]:
+        """Deliver the trial's next result (as the controller would) and apply the decision."""
+        self.pos[trial.trial_id] += 1
+        t = round(self.pos[trial.trial_id] * DT, 10)
+        result = make_result(trial.config["final"], trial.config["tau"], t, **extra)
+        if error:
+            self.sched.on_trial_error(self, trial)
+            trial.set_status(Trial.ERROR)
+            return None
+        if t >= 1.0 - 1e-9 or result.get("done"):
+            result["done"] = True
+            self.last_result[trial.trial_id] = result
+            self.sched.on_trial_complete(self, trial, result)
+            trial.set_status(Trial.TERMINATED)
+            return "DONE"
+        decision = self.sched.on_trial_result(self, trial, result)
+        self.last_result[trial.trial_id] = result
+        self.decisions.append((trial.trial_id, t, decision))
+        if decision == PAUSE:
+            self.pause_trial(trial)
+        elif decision == STOP:
+            self.stop_trial(trial)
+        return decision
+
+    def start(self, trial: Trial) -> None:
+        trial.set_status(Trial.RUNNING)
+
+    def run(self, workers: int = 2, rng: Optional[random.Random] = None, max_events: int = 20000,
+            errors: Optional[dict[str, float]] = None) -> None:
+        """Run to the end with ``workers`` slots; ``rng`` picks which running trial reports next."""
+        errors = dict(errors or {})
+        running: list[Trial] = [t for t in self.trials if t.status == Trial.RUNNING]
+        for _ in range(max_events):
+            while len(running) < workers:
+                chosen = self.sched.choose_trial_to_run(self)
+                if chosen is not None:
+                    self.check_choice(chosen)
+                    if chosen.status == Trial.PAUSED:
+                        self.chosen_paused.append(chosen.trial_id)
+                else:  # the controller starts PENDING trials on its own, too
+                    chosen = next((t for t in self.trials if t.status == Trial.PENDING), None)
+                if chosen is None:
+                    break
+                self.start(chosen)
+                running.append(chosen)
+            if not running:
+                break
+            trial = running.pop(rng.randrange(len(running)) if rng else 0)
+            next_t = round((self.pos[trial.trial_id] + 1) * DT, 10)
+            err = trial.trial_id in errors and next_t >= errors[trial.trial_id] - 1e-9
+            if err:
+                errors.pop(trial.trial_id)
+            decision = self.step(trial, error=err)
+            if decision == CONTINUE and trial.status == Trial.RUNNING:
+                running.append(trial)
+            running = [t for t in running if t.status == Trial.RUNNING]
+        stuck = [t.trial_id for t in self.trials if t.status in (Trial.PAUSED, Trial.PENDING)]
+        assert not stuck, f"deadlock: {stuck} never resumed\n{self.sched.debug_string()}"
+
+    def check_choice(self, chosen: Trial) -> None:
+        """choose_trial_to_run returns PENDING trials, or PAUSED ones whose rung is decided."""
+        assert chosen.status in (Trial.PENDING, Trial.PAUSED)
+        if chosen.status == Trial.PAUSED:
+            rec = self.sched.state.trials[chosen.trial_id]
+            for rung in self.sched.state.rungs:
+                entry = rung.entries.get(chosen.trial_id)
+                assert not (entry and entry.decision == "pending"), (
+                    f"{chosen.trial_id} chosen while waiting at undecided rung {rung.fraction}")
+            assert rec.status not in ("stopped", "diverged")
+
+
+# Six trials: true finals (the predicted finals) and τ chosen so that the current loss at
+# t̂ = 0.1 ranks them differently (t3, the true best, has the highest current loss).
+SIX = {"t0": (1.30, 0.2), "t1": (1.10, 0.6), "t2": (1.50, 0.1),
+       "t3": (1.00, 1.5), "t4": (1.20, 0.3), "t5": (1.40, 0.2)}
+
+
+def six_trials(spec: dict = SIX) -> list[Trial]:
+    return [stub(tid, final=f, tau=tau) for tid, (f, tau) in spec.items()]
+
+
+def sched(**kw: Any) -> CollapseScheduler:
+    kw.setdefault("predictor", FakePredictor())
+    kw.setdefault("min_points", 2)
+    s = CollapseScheduler(**kw)
+    s._strict = True  # re-raise internal errors in tests instead of logging them
+    return s
+
+
+def outcome(s: CollapseScheduler) -> dict[str, Any]:
+    return {tid: (rec.status, rec.stopped_at) for tid, rec in s.state.trials.items()}
+
+
+# ---------------------------------------------------------------------------- sync
+
+
+# Asserts: sync, 6 trials, rf=2: 3 kept at 0.1, 2 at 0.2, 1 at 0.3 — exactly the predicted best.
+def test_sync_six_trials_halving(tmp_path):
+    answers: list[dict] = []
+    s = sched(state_path=tmp_path / "scheduler_state.json", on_early_answer=answers.append)
+    ctl = FakeController(s, six_trials())
+    ctl.run(workers=2)
+    assert outcome(s) == {
+        "t0": ("stopped", 0.1), "t2": ("stopped", 0.1), "t5": ("stopped", 0.1),
+        "t4": ("stopped", 0.2), "t1": ("stopped", 0.3), "t3": ("completed", None),
+    }
+    assert [r.survivors for r in s.state.rungs] == [["t1", "t3", "t4"], ["t1", "t3"], ["t3"]]
+    assert len(answers) == 1 and answers[0]["trial_id"] == "t3"
+    assert answers[0]["predicted_final_loss"] == pytest.approx(1.0)
+    assert answers[0]["config"] == {"final": 1.0, "tau": 1.5}
+    # compute: 3 trials stopped at 0.1, 1 at 0.2, 2 at 0.3 when the last rung is decided
+    assert answers[0]["compute_fraction"] == pytest.approx((3 * 0.1 + 0.2 + 2 * 0.3) / 6)
+    assert answers[0]["rung"] == 0.3 and answers[0]["margin"] == 0.0
+    assert s.state.trials["t3"].final_metric == pytest.approx(1.0)
+    # the stopped trials never ran past their rung
+    assert {tid: rec.last_train_fraction for tid, rec in s.state.trials.items()} == pytest.approx(
+        {"t0": 0.1, "t2": 0.1, "t5": 0.1, "t4": 0.2, "t1": 0.3, "t3": 1.0})
+    assert s.trial_verdict("t4") == "stopped_at_0.2" and s.trial_verdict("t3") == "completed"
+
+
+# Asserts: the rung log holds loss, t̂ used, prediction ± σ, decision, reason, best ids, compute.
+def test_sync_decision_log(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    s = sched(state_path=path)
+    FakeController(s, six_trials()).run(workers=2)
+    rung0 = s.state.rungs[0]
+    assert rung0.decided and rung0.n_participants == 6 and rung0.n_keep == 3
+    assert rung0.predicted_best == "t3"
+    assert rung0.current_best == "t4"  # lowest loss at t̂ = 0.1, but not the predicted best
+    assert rung0.compute_fraction == pytest.approx(0.1)
+    e = rung0.entries["t4"]
+    assert e.train_fraction == pytest.approx(0.1) and e.n_points == 2
+    assert e.smoothed_loss == pytest.approx(curve(1.2, 0.3, 0.1))
+    assert e.predicted_final_loss == pytest.approx(1.2) and e.uncertainty == pytest.approx(0.01)
+    assert e.decision == "continue" and e.reason == "predicted 1.2000±0.0100 is 3rd of 6; keeping top 3"
+    assert rung0.entries["t0"].decision == "stop"
+    assert "4th of 6; keeping top 3" in rung0.entries["t0"].reason
+    assert s.state.rungs[2].entries["t3"].decision == "keep"
+    assert s.state.rungs[2].entries["t1"].decision == "stop"
+    # persisted: the file equals the live state
+    on_disk = json.loads(path.read_text())
+    assert on_disk["rungs"][1]["survivors"] == ["t1", "t3"]
+    assert on_disk["trials"]["t3"]["status"] == "completed"
+    assert on_disk["trials"]["t3"]["history"][-1] == [1.0, pytest.approx(1.0)]
+    assert on_disk["early_answer"]["trial_id"] == "t3"
+
+
+# Asserts: with 16 trials, 2 workers and random interleaving, sync keeps 8 → 4 → 1, never deadlocks.
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sync_many_trials_two_workers(seed):
+    rng = random.Random(seed)
+    spec = {f"x{i:02d}": (1.0 + rng.random(), rng.choice([0.2, 0.5, 1.0])) for i in range(16)}
+    s = sched()
+    ctl = FakeController(s, six_trials(spec))
+    ctl.run(workers=2, rng=rng)
+    ranked = sorted(spec, key=lambda k: spec[k][0])
+    assert [len(r.survivors) for r in s.state.rungs] == [8, 4, 1]
+    assert set(s.state.rungs[0].survivors) == set(ranked[:8])
+    assert set(s.state.rungs[1].survivors) == set(ranked[:4])
+    assert [t for t, rec in s.state.trials.items() if rec.status == "completed"] == [ranked[0]]
+    # nothing wasted: each trial ran exactly to the rung it was stopped at
+    for tid, rec in s.state.trials.items():
+        assert rec.last_train_fraction == pytest.approx(rec.stopped_at or 1.0)
+    assert ctl.chosen_paused  # survivors were resumed through choose_trial_to_run
+
+
+# Asserts: choose_trial_to_run returns PENDING first and never a trial waiting at an undecided rung.
+def test_choose_trial_to_run_pending_first_never_waiting():
+    s = sched()
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5), stub("c", final=1.1, tau=0.5)]
+    ctl = FakeController(s, trials)
+    a, b, c = trials
+    ctl.start(a)
+    assert ctl.step(a) == CONTINUE and ctl.step(a) == PAUSE  # a waits at 0.1
+    assert s.choose_trial_to_run(ctl) is b  # PENDING first
+    ctl.start(b)
+    ctl.start(c)
+    assert s.choose_trial_to_run(ctl) is None  # a is PAUSED at an undecided rung
+    ctl.step(b)
+    assert ctl.step(b) == PAUSE
+    assert s.choose_trial_to_run(ctl) is None
+    ctl.step(c)
+    assert ctl.step(c) == CONTINUE  # c decides the rung (keeps a and c) and survives
+    assert b.status == Trial.TERMINATED and ctl.stop_calls == ["b"]
+    assert s.choose_trial_to_run(ctl) is a  # a survived: now it may resume
+    assert s.state.trials["b"].stopped_at == 0.1
+
+
+# Asserts: PENDING trials are returned before PAUSED survivors; stopped PENDING trials are skipped.
+def test_pending_before_paused_survivor():
+    s = sched(rungs=(0.1, 0.5))
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    for t in (a, b):
+        ctl.start(t)
+        ctl.step(t)
+    ctl.step(a)
+    assert ctl.step(b) == STOP  # b decides rung 0.1 (2 trials → keep 1: a) and loses
+    assert s.state.rungs[0].survivors == ["a"]
+    late = stub("late", final=1.1, tau=0.5)
+    ctl.add(late)
+    assert s.choose_trial_to_run(ctl) is late
+    s.state.trials["late"].status = "stopped"  # e.g. known stopped after a restore
+    assert s.choose_trial_to_run(ctl) is a
+
+
+# Asserts: exact ties at the last rung keep exactly one: lower loss at the rung wins, then trial id.
+def test_ties_broken_by_current_loss_then_id():
+    s = sched(rungs=(0.1,))
+    # same predicted final 1.0; "b" has the lower current loss (smaller τ)
+    trials = [stub("a", final=1.0, tau=0.8), stub("b", final=1.0, tau=0.4), stub("c", final=1.3, tau=0.4)]
+    FakeController(s, trials).run(workers=2)
+    assert s.state.rungs[0].survivors == ["b"]
+    assert "tie broken" in s.state.rungs[0].entries["a"].reason
+    s2 = sched(rungs=(0.1,))
+    FakeController(s2, [stub("z", final=1.0, tau=0.4), stub("y", final=1.0, tau=0.4)]).run(workers=2)
+    assert s2.state.rungs[0].survivors == ["y"]  # identical: trial id decides
+
+
+# Asserts: ties at an intermediate rung are broken the same way, so exactly ⌈n/rf⌉ continue.
+def test_tie_at_intermediate_rung_keeps_exact_count():
+    s = sched(rungs=(0.1, 0.2))
+    trials = [stub(t, final=1.0, tau=0.5) for t in ("d", "c", "b", "a")]
+    FakeController(s, trials).run(workers=2)
+    assert sorted(s.state.rungs[0].survivors) == ["a", "b"]
+    assert s.state.rungs[1].survivors == ["a"]
+
+
+# Asserts: margin > 0 keeps near-ties at the last rung (within margin·sqrt(σ_j² + σ_b²)), not others.
+def test_margin_keeps_near_ties():
+    s = sched(rungs=(0.1,), margin=2.0, predictor=FakePredictor(sigma=0.01))
+    trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.02, tau=0.5), stub("c", final=1.05, tau=0.5)]
+    FakeController(s, trials).run(workers=2)
+    # threshold = 2·sqrt(2)·0.01 ≈ 0.028: b (0.02 worse) kept, c (0.05 worse) stopped
+    assert outcome(s) == {"a": ("completed", None), "b": ("completed", None), "c": ("stopped", 0.1)}
+    assert "keeping near-tie" in s.state.rungs[0].entries["b"].reason
+    assert s.state.early_answer["trial_id"] == "a" and s.state.early_answer["kept"] == ["a", "b"]
+
+
+# Asserts: a per-rung margin mapping widens an intermediate rung; unknown rungs are rejected.
+def test_margin_mapping_per_rung():
+    s = sched(rungs=(0.1, 0.2), margin={0.1: 3.0}, predictor=FakePredictor(sigma=0.01))
+    trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.03, tau=0.5),
+              stub("c", final=1.04, tau=0.5), stub("d", final=1.5, tau=0.5)]
+    FakeController(s, trials).run(workers=2)
+    # top 2 are a, b; c is 0.01 worse than b, within 3·sqrt(2)·0.01 ≈ 0.042 → also kept
+    assert s.state.rungs[0].survivors == ["a", "b", "c"]
+    assert s.state.rungs[1].survivors == ["a"]  # last rung margin 0 → exactly one
+    with pytest.raises(ValueError, match="not one of the rungs"):
+        CollapseScheduler(predictor=FakePredictor(), margin={0.15: 1.0})
+
+
+# Asserts: NaN / inf losses and diverged=True STOP the trial, mark it diverged, and do not block a rung.
+def test_nan_inf_and_diverged_do_not_block_rung():
+    s = sched()
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5),
+              stub("n", final=1.1, tau=0.5), stub("i", final=1.1, tau=0.5), stub("d", final=0.9, tau=0.5)]
+    ctl = FakeController(s, trials)
+    for t in trials:
+        ctl.start(t)
+    a, b, n, i, d = trials
+    assert ctl.step(a) == CONTINUE and ctl.step(a) == PAUSE
+    assert ctl.step(b) == CONTINUE and ctl.step(b) == PAUSE
+    assert s.on_trial_result(ctl, n, make_result(1.1, 0.5, 0.05) | {"loss": float("nan")}) == STOP
+    assert s.on_trial_result(ctl, i, make_result(1.1, 0.5, 0.05) | {"loss": float("inf")}) == STOP
+    assert not s.state.rungs[0].decided  # d still has to reach the rung
+    assert s.on_trial_result(ctl, d, make_result(0.9, 0.5, 0.05) | {"diverged": True}) == STOP
+    # d was the last live trial below the rung: its divergence decides the rung (a kept, b stopped)
+    assert s.state.rungs[0].decided and s.state.rungs[0].survivors == ["a"]
+    assert {t: s.state.trials[t].status for t in "nid"} == {"n": "diverged", "i": "diverged", "d": "diverged"}
+    assert s.state.trials["d"].diverged_at == pytest.approx(0.05)
+    assert b.status == Trial.TERMINATED and s.trial_verdict("b") == "stopped_at_0.1"
+    assert s.trial_verdict("n") == "diverged"
+    # a diverged trial that is re-added and reports again gets STOP
+    assert s.on_trial_result(ctl, n, make_result(1.1, 0.5, 0.1)) == STOP
+
+
+# Asserts: a diverged final result (done=True → on_trial_complete, as our trainable sends) marks it diverged.
+def test_diverged_result_via_on_trial_complete():
+    s = sched()
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    ctl.start(a)
+    ctl.start(b)
+    ctl.step(a)
+    assert ctl.step(a) == PAUSE
+    s.on_trial_complete(ctl, b, make_result(1.2, 0.5, 0.05) | {"loss": float("nan"), "diverged": True, "done": True})
+    assert s.state.trials["b"].status == "diverged"
+    assert s.state.rungs[0].decided and s.state.rungs[0].survivors == ["a"]
+    assert s.choose_trial_to_run(ctl) is a
+
+
+# Asserts: a trial added after a rung was decided is judged there against the recorded predictions.
+def test_late_added_trial_judged_at_decided_rung():
+    s = sched()
+    trials = [stub(f"t{i}", final=f, tau=0.5) for i, f in enumerate([1.0, 1.1, 1.2, 1.3])]
+    ctl = FakeController(s, trials)
+    for t in trials:
+        ctl.start(t)
+    for t in trials:
+        ctl.step(t)
+    for t in trials:
+        ctl.step(t)
+    assert s.state.rungs[0].decided and s.state.rungs[0].survivors == ["t0", "t1"]
+    t0, t1 = trials[0], trials[1]
+    bad, good = stub("bad", final=1.25, tau=0.5), stub("good", final=0.95, tau=0.5)
+    ctl.add(bad)
+    ctl.add(good)
+    # survivors run to 0.2 and wait there: the new live trials must reach 0.2 first
+    for t in (t0, t1):
+        ctl.start(t)
+        ctl.step(t)
+        assert ctl.step(t) == PAUSE
+    assert not s.state.rungs[1].decided
+    ctl.start(bad)
+    ctl.step(bad)
+    assert ctl.step(bad) == STOP  # 1.25 is 4th of 5 recorded at 0.1 → top ⌈5/2⌉ = 3 only
+    entry = s.state.rungs[0].entries["bad"]
+    assert entry.late and entry.decision == "stop" and "late arrival" in entry.reason
+    ctl.start(good)
+    ctl.step(good)
+    assert ctl.step(good) == CONTINUE  # best of 5 at 0.1
+    assert s.state.rungs[0].entries["good"].decision == "continue"
+    assert s.choose_trial_to_run(ctl) is None  # t0, t1 still wait at 0.2 for "good"
+    ctl.step(good)
+    assert ctl.step(good) == CONTINUE  # reaches 0.2 and decides it: keeps good and t0
+    assert s.state.rungs[1].survivors == ["t0", "good"]
+    assert s.state.trials["t1"].stopped_at == 0.2
+
+
+# Asserts: a trial erroring while others are PAUSED at a rung lets the rung be decided (no deadlock).
+def test_error_while_others_paused_decides_rung():
+    s = sched()
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5), stub("c", final=0.9, tau=0.5)]
+    ctl = FakeController(s, trials)
+    ctl.run(workers=2, errors={"c": 0.1})
+    assert s.state.trials["c"].status == "error"
+    assert s.state.rungs[0].n_participants == 2 and s.state.rungs[0].survivors == ["a"]
+    assert outcome(s)["a"] == ("completed", None) and outcome(s)["b"] == ("stopped", 0.1)
+
+
+# Asserts: a retried trial (on_trial_error then on_trial_add) is revived and judged late at a decided rung.
+def test_retry_after_error_is_revived():
+    s = sched()
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5), stub("c", final=0.9, tau=0.5)]
+    ctl = FakeController(s, trials)
+    a, b, c = trials
+    for t in trials:
+        ctl.start(t)
+    ctl.step(c)
+    ctl.step(a)
+    ctl.step(a)
+    ctl.step(b)
+    ctl.step(b)
+    s.on_trial_error(ctl, c)  # Ray's _requeue_trial: on_trial_error, status PENDING, on_trial_add
+    assert s.state.rungs[0].decided and s.state.rungs[0].survivors == ["a"]
+    c.set_status(Trial.PENDING)
+    s.on_trial_add(ctl, c)
+    assert s.state.trials["c"].status == "pending" and len(s.state.trials["c"].history) == 1
+    ctl.start(c)
+    assert ctl.step(c) == CONTINUE  # best recorded at 0.1 → continues
+    assert s.state.rungs[0].entries["c"].late
+
+
+# Asserts: on_trial_add is idempotent (restore, retry, TERMINATED re-adds): no duplicates, history kept.
+def test_on_trial_add_idempotent():
+    s = sched()
+    a = stub("a", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a])
+    ctl.start(a)
+    ctl.step(a)
+    ctl.step(a)
+    ctl.step(a)
+    before = json.dumps(s.state.trials["a"].to_dict())
+    for status in (Trial.RUNNING, Trial.PENDING, Trial.PAUSED):
+        a.set_status(status)
+        s.on_trial_add(ctl, a)
+    assert list(s.state.trials) == ["a"]
+    assert json.dumps(s.state.trials["a"].to_dict()) == before
+    a.set_status(Trial.TERMINATED)
+    s.on_trial_add(ctl, a)  # Ray's experiment state says it finished after our last write
+    assert s.state.trials["a"].status == "completed" and len(s.state.trials["a"].history) == 3
+
+
+# Asserts: restoring from scheduler_state.json keeps decisions, keeps stopped trials stopped, continues histories.
+def test_restore_keeps_decisions(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    s = sched(state_path=path)
+    pickled = pickle.dumps(s)  # what Tuner puts in tuner.pkl: the scheduler before the run
+    trials = six_trials()
+    ctl = FakeController(s, trials)
+    by_id = {t.trial_id: t for t in trials}
+    for t in trials:
+        ctl.start(t)
+    for _ in range(2):
+        for t in trials:
+            ctl.step(t)
+    assert s.state.rungs[0].decided and s.state.rungs[0].survivors == ["t1", "t3", "t4"]
+    ctl.start(by_id["t3"])
+    ctl.step(by_id["t3"])
+    assert ctl.step(by_id["t3"]) == PAUSE  # t3 waits at 0.2 when the "driver crashes"
+    s.flush()
+    saved = path.read_bytes()
+
+    for make in (lambda: sched(state_path=path), lambda: pickle.loads(pickled)):
+        path.write_bytes(saved)
+        restored = make()
+        restored._strict = True
+        # Ray re-adds every trial on restore: unfinished ones PENDING, finished ones TERMINATED
+        fresh = [stub(t.trial_id, **t.config) for t in trials]
+        for t in fresh:
+            if t.trial_id in ("t0", "t2", "t5"):
+                t.set_status(Trial.TERMINATED)
+        ctl2 = FakeController(restored, fresh)
+        assert restored.state.rungs[0].decided and restored.state.rungs[0].survivors == ["t1", "t3", "t4"]
+        assert restored.state.trials["t0"].status == "stopped"
+        assert len(restored.state.trials["t3"].history) == 4
+        # a stopped trial that Ray re-adds as PENDING gets STOP on its next result
+        t0 = next(t for t in fresh if t.trial_id == "t0")
+        t0.set_status(Trial.RUNNING)
+        assert restored.on_trial_result(ctl2, t0, make_result(1.3, 0.2, 0.15)) == STOP
+        # t3 resumes from its checkpoint past 0.2: still waits at the undecided rung 0.2
+        t3 = next(t for t in fresh if t.trial_id == "t3")
+        t3.set_status(Trial.RUNNING)
+        assert restored.on_trial_result(ctl2, t3, make_result(1.0, 1.5, 0.25)) == PAUSE
+        assert len(restored.state.trials["t3"].history) == 5
+        assert restored.state.rungs[0].decided_at == s.state.rungs[0].decided_at  # not re-decided
+        assert restored.choose_trial_to_run(ctl2).trial_id in ("t1", "t4")  # PENDING, not t3
+
+
+# Asserts: a state file written with other rungs or another mode is refused; a malformed one names the file.
+def test_restore_refuses_mismatched_or_malformed_state(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    sched(state_path=path).flush()
+    with pytest.raises(ValueError, match="rungs"):
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.2, 0.4))
+    with pytest.raises(ValueError, match="decision mode"):
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, decision_mode="audit")
+    path.write_text("{")
+    with pytest.raises(StateFileError, match="scheduler_state.json"):
+        CollapseScheduler(predictor=FakePredictor(), state_path=path)
+
+
+# Asserts: a loser whose PAUSE-save is still in flight (RUNNING, is_saving) is stopped via stop_trial.
+def test_loser_still_saving_is_stopped_via_stop_trial():
+    s = sched()
+    a, b = stub("a", final=1.2, tau=0.5), stub("b", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    ctl.start(a)
+    ctl.start(b)
+    ctl.step(a)
+    assert s.on_trial_result(ctl, a, make_result(1.2, 0.5, 0.1)) == PAUSE
+    ctl.last_result["a"] = make_result(1.2, 0.5, 0.1)
+    a.temporary_state.saving_to = object()  # the controller is saving a's checkpoint
+    ctl.step(b)
+    assert ctl.step(b) == CONTINUE
+    assert ctl.stop_calls == ["a"] and a.status == Trial.TERMINATED
+    assert s.state.trials["a"].status == "stopped" and s.state.trials["a"].stopped_at == 0.1
+
+
+# Asserts: a predictor failure or too few points keeps the trial (no prediction, never stopped on no evidence).
+def test_unpredictable_trials_are_kept():
+    s = sched(predictor=FakePredictor(fail_for_tau=0.7), rungs=(0.1,))
+    s._strict = False  # the predictor raising is logged, not raised
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5), stub("x", final=2.0, tau=0.7)]
+    FakeController(s, trials).run(workers=2)
+    assert outcome(s) == {"a": ("completed", None), "b": ("stopped", 0.1), "x": ("completed", None)}
+    assert s.state.rungs[0].entries["x"].reason.startswith("no prediction (predictor failed")
+    s2 = sched(min_points=5, rungs=(0.1,))
+    FakeController(s2, [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)]).run(workers=2)
+    assert all(rec.status == "completed" for rec in s2.state.trials.values())
+    assert "min_points=5" in s2.state.rungs[0].entries["b"].reason
+
+
+# ---------------------------------------------------------------------------- async / audit
+
+
+# Asserts: async compares each arrival with the recorded predictions (first arrivals continue), never pauses.
+def test_async_mode_exact_stops():
+    answers: list[dict] = []
+    s = sched(decision_mode="async", on_early_answer=answers.append)
+    ctl = FakeController(s, six_trials())
+    ctl.run(workers=1)  # one at a time: t0 … t5 arrive in order
+    assert PAUSE not in {d for _, _, d in ctl.decisions}
+    assert outcome(s) == {
+        "t0": ("completed", None), "t1": ("completed", None), "t2": ("stopped", 0.1),
+        "t3": ("completed", None), "t4": ("stopped", 0.2), "t5": ("stopped", 0.1),
+    }
+    assert "first prediction recorded" in s.state.rungs[0].entries["t0"].reason
+    assert len(answers) == 1 and answers[0]["trial_id"] == "t3"
+
+
+# Asserts: async at the last rung stops an arrival worse than the best recorded by more than the margin.
+def test_async_last_rung_margin():
+    s = sched(decision_mode="async", rungs=(0.1,), margin=1.0, predictor=FakePredictor(sigma=0.01))
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.01, tau=0.5), stub("c", final=1.05, tau=0.5)]
+    FakeController(s, trials).run(workers=1)
+    # 1·sqrt(2)·0.01 ≈ 0.014: b (0.01 worse) continues, c (0.05 worse) stops
+    assert outcome(s) == {"a": ("completed", None), "b": ("completed", None), "c": ("stopped", 0.1)}
+
+
+# Asserts: audit never stops or pauses, and records would_stop exactly where sync would stop.
+def test_audit_records_would_stop_only():
+    answers: list[dict] = []
+    s = sched(decision_mode="audit", on_early_answer=answers.append)
+    ctl = FakeController(s, six_trials())
+    ctl.run(workers=2, rng=random.Random(3))
+    assert {d for _, _, d in ctl.decisions} == {CONTINUE}
+    assert all(rec.status == "completed" for rec in s.state.trials.values())
+    assert {t: r.would_stop_at for t, r in s.state.trials.items()} == {
+        "t0": 0.1, "t2": 0.1, "t5": 0.1, "t4": 0.2, "t1": 0.3, "t3": None}
+    assert [r.survivors for r in s.state.rungs] == [["t1", "t3", "t4"], ["t1", "t3"], ["t3"]]
+    assert s.state.rungs[0].entries["t0"].decision == "would_stop"
+    assert s.state.rungs[2].entries["t3"].decision == "would_keep"
+    # the rung-0.2 predictions use the curve up to 0.2 even though the trials ran on
+    assert s.state.rungs[1].entries["t1"].train_fraction == pytest.approx(0.2)
+    assert len(answers) == 1 and answers[0]["trial_id"] == "t3"
+
+
+# ---------------------------------------------------------------------------- API
+
+
+# Asserts: set_search_properties accepts matching or missing values and refuses conflicting ones.
+def test_set_search_properties():
+    s = CollapseScheduler(predictor=FakePredictor())
+    assert s.set_search_properties("loss", "min") is True
+    assert s.set_search_properties("val_loss", None) is False
+    assert s.set_search_properties(None, "max") is False
+    s2 = CollapseScheduler(predictor=FakePredictor(), metric=None, mode=None)
+    with pytest.raises(ValueError, match="metric"):
+        s2.on_trial_add(None, stub("a"))
+    assert s2.set_search_properties("val_loss", "max") is True
+    assert s2.metric == "val_loss" and s2.mode == "max"
+    with pytest.raises(ValueError):
+        CollapseScheduler(predictor=FakePredictor(), decision_mode="fast")
+    with pytest.raises(ValueError):
+        CollapseScheduler(predictor=FakePredictor(), rungs=(0.3, 0.2))
+
+
+# Asserts: mode="max" ranks the highest predicted metric best.
+def test_mode_max():
+    s = sched(mode="max", rungs=(0.1,))
+    FakeController(s, [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)]).run(workers=2)
+    assert s.state.rungs[0].survivors == ["b"]
+
+
+# Asserts: summary() and debug_string() report per-trial progress, rungs and bests.
+def test_summary_and_debug_string():
+    s = sched()
+    ctl = FakeController(s, six_trials())
+    for t in ctl.trials:
+        ctl.start(t)
+        ctl.step(t)
+        ctl.step(t)
+    summ = s.summary()
+    json.dumps(summ)
+    assert summ["rung_status"][0]["decided"] and summ["rung_status"][0]["survivors"] == ["t1", "t3", "t4"]
+    assert summ["trials"]["t0"]["status"] == "stopped" and summ["trials"]["t0"]["verdict"] == "stopped_at_0.1"
+    assert summ["trials"]["t3"]["predicted_final_loss"] == pytest.approx(1.0)
+    assert summ["trials"]["t3"]["train_fraction"] == pytest.approx(0.1)
+    assert summ["predicted_best"]["trial_id"] == "t3"
+    assert summ["current_best"]["trial_id"] in ("t1", "t4", "t3")
+    assert summ["compute_fraction"] == pytest.approx(0.1) and summ["early_answer"] is None
+    text = s.debug_string()
+    assert "rung 0.1: decided, kept 3/6 [t1, t3, t4]" in text and "rung 0.2: waiting" in text
+    assert s.latest_prediction("t3") == pytest.approx(1.0) and s.latest_prediction("zz") is None
+
+
+# Asserts: compute fraction weighs trials by reported N·D.
+def test_compute_fraction_weighted():
+    s = sched()
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    ctl.start(a)
+    s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.05, n_params=3e6, total_tokens=1e8))
+    s.on_trial_result(ctl, b, make_result(1.0, 0.5, 0.05, n_params=1e6, total_tokens=1e8))
+    s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.08, n_params=3e6, total_tokens=1e8))
+    assert s.compute_fraction() == pytest.approx((0.08 * 3 + 0.05 * 1) / 4)
+
+
+# Asserts: a restore from an earlier checkpoint (t̂ going back) truncates the history, not duplicates it.
+def test_history_rewind_on_restore():
+    s = sched(rungs=(0.5,))
+    a = stub("a", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a])
+    ctl.start(a)
+    for k in range(1, 5):
+        s.on_trial_result(ctl, a, make_result(1.0, 0.5, k * DT))
+    s.on_trial_result(ctl, a, make_result(1.0, 0.5, 2 * DT))
+    assert [p[0] for p in s.state.trials["a"].history] == pytest.approx([0.05, 0.1])
+
+
+# ---------------------------------------------------------------------------- Ray end-to-end
+
+
+def _curve_trainable(finals: dict):
+    """A class Trainable reporting the synthetic curve of ``finals[config["name"]]``; defined
+    in a function so Ray's cloudpickle ships it by value to the workers."""
+    from ray import tune
+
+    class Curve(tune.Trainable):
+        def setup(self, config):
+            self.k = 0
+            self.final, self.tau = finals[config["name"]]
+
+        def step(self):
+            self.k += 1
+            t = round(self.k * 0.05, 10)
+            return {
+                "loss": self.final * (1.0 + self.tau * (1.0 - t)), "train_fraction": t,
+                "tau": self.tau, "tokens_per_param": 20.0, "schedule": "linear",
+                "warmup_fraction": 0.1, "done": t >= 1.0 - 1e-9,
+            }
+
+        def reset_config(self, new_config):  # lets Tune reuse actors (much faster on 2 CPUs)
+            self.k = 0
+            self.final, self.tau = finals[new_config["name"]]
+            return True
+
+        def save_checkpoint(self, checkpoint_dir):
+            return {"k": self.k}
+
+        def load_checkpoint(self, checkpoint):
+            self.k = int(checkpoint["k"])
+
+    return Curve
+
+
+# Asserts: through real Ray Tune (2 CPUs, 5 trials, sync), exactly the predicted best finishes and
+# the others are stopped at the expected rungs, resuming survivors from their PAUSE checkpoints.
+def test_end_to_end_ray_tune_sync(tmp_path):
+    ray = pytest.importorskip("ray")
+    from ray import tune
+
+    finals = {"a": (1.30, 0.2), "b": (1.10, 0.6), "c": (1.50, 0.1), "d": (1.00, 1.5), "e": (1.20, 0.3)}
+    answers: list[dict] = []
+    scheduler = CollapseScheduler(
+        predictor=FakePredictor(), min_points=2, state_path=tmp_path / "scheduler_state.json",
+        on_early_answer=answers.append, persist_interval_s=0.5,
+    )
+
+    class Seen(tune.Callback):
+        def __init__(self):
+            self.t_hat: dict[str, list[float]] = {}
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            self.t_hat.setdefault(trial.config["name"], []).append(round(result["train_fraction"], 6))
+
+    seen = Seen()
+    started = time.monotonic()
+    own_ray = not ray.is_initialized()  # do not tear down a cluster another test started
+    if own_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    print(f"ray.init: {time.monotonic() - started:.1f} s")
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(_curve_trainable(finals), {"cpu": 1}),
+            param_space={"name": tune.grid_search(list(finals))},
+            tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=True),
+            run_config=tune.RunConfig(name="e2e", storage_path=str(tmp_path / "ray"), verbose=0,
+                                      callbacks=[seen]),
+        )
+        grid = tuner.fit()
+    finally:
+        if own_ray:
+            ray.shutdown()
+    state = SchedulerState.load(tmp_path / "scheduler_state.json")
+    by_name = {rec.config["name"]: rec for rec in state.trials.values()}
+    got = {name: (rec.status, rec.stopped_at) for name, rec in by_name.items()}
+    # 5 → ⌈5/2⌉ = 3 at 0.1 (a, c stopped), → 2 at 0.2 (e stopped), → 1 at 0.3 (b stopped)
+    assert got == {"a": ("stopped", 0.1), "c": ("stopped", 0.1), "e": ("stopped", 0.2),
+                   "b": ("stopped", 0.3), "d": ("completed", None)}
+    for name, rec in by_name.items():  # no trial ran past the rung it was stopped at
+        assert rec.last_train_fraction == pytest.approx(rec.stopped_at or 1.0), name
+    last = {r.config["name"]: r.metrics["train_fraction"] for r in grid}
+    assert last == pytest.approx({"a": 0.1, "c": 0.1, "e": 0.2, "b": 0.3, "d": 1.0})
+    # d's curve is continuous across its three pause/resume cycles: each resume restored the
+    # PAUSE checkpoint (a restart from scratch would report 0.05 again)
+    assert seen.t_hat["d"] == [round(0.05 * k, 6) for k in range(1, 21)]
+    assert seen.t_hat["b"] == [round(0.05 * k, 6) for k in range(1, 7)]
+    assert [round(t, 6) for t, _ in by_name["d"].history] == seen.t_hat["d"]
+    assert len(answers) == 1 and answers[0]["config"]["name"] == "d"
+    print(f"end-to-end Ray run: {time.monotonic() - started:.1f} s")

@@ -1,0 +1,89 @@
+"""Tests of the persisted scheduler state (``hpo/scheduler_state.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hpo.scheduler_state import (
+    SCHEMA_VERSION,
+    RungEntry,
+    RungRecord,
+    SchedulerState,
+    StateFileError,
+    TrialRecord,
+    json_safe,
+)
+
+
+def _state() -> SchedulerState:
+    rung = RungRecord(index=0, fraction=0.1, decided=True, n_participants=2, n_keep=1,
+                      survivors=["a"], predicted_best="a", current_best="b", compute_fraction=0.1)
+    rung.entries["a"] = RungEntry("a", 0.1, 3.2, 2, 2.5, 0.01, "continue", "best")
+    rung.entries["b"] = RungEntry("b", 0.1, 3.1, 2, float("nan"), None, "stop", "worse")
+    return SchedulerState(
+        settings={"rungs": [0.1], "decision_mode": "sync"},
+        trials={
+            "a": TrialRecord("a", 0, {"lr": np.float64(1e-3), "nested": {"k": (1, 2)}},
+                             history=[[0.05, 3.5], [0.1, 3.2]], status="paused"),
+            "b": TrialRecord("b", 1, {"lr": 1e-2}, history=[[0.1, 3.1]], status="stopped", stopped_at=0.1),
+        },
+        rungs=[rung],
+        early_answer={"trial_id": "a", "uncertainty": float("inf")},
+    )
+
+
+# Asserts: to_json → from_json keeps every field (NaN/inf written as null, numpy/tuple made plain).
+def test_round_trip_preserves_records():
+    state = _state()
+    back = SchedulerState.from_json(state.to_json())
+    assert back.version == SCHEMA_VERSION
+    assert back.trials["a"].history == [[0.05, 3.5], [0.1, 3.2]]
+    assert back.trials["a"].config == {"lr": 1e-3, "nested": {"k": [1, 2]}}
+    assert back.trials["b"].stopped_at == 0.1 and back.trials["b"].status == "stopped"
+    assert back.rungs[0].entries["a"].decision == "continue"
+    assert back.rungs[0].entries["b"].predicted_final_loss is None
+    assert back.early_answer == {"trial_id": "a", "uncertainty": None}
+    json.loads(state.to_json())  # strict JSON: no NaN tokens
+
+
+# Asserts: save() writes atomically (no temp file left behind) and load() reads it back.
+def test_save_is_atomic_and_loadable(tmp_path):
+    path = tmp_path / "out" / "scheduler_state.json"
+    _state().save(path)
+    _state().save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["scheduler_state.json"]
+    assert SchedulerState.load(path).trials["a"].status == "paused"
+    assert SchedulerState.load(path).updated_at is not None
+
+
+# Asserts: malformed files raise StateFileError whose message names the file.
+@pytest.mark.parametrize("text", [
+    "{not json",
+    "[]",
+    json.dumps({"version": 99, "trials": {}, "rungs": []}),
+    json.dumps({"version": SCHEMA_VERSION, "trials": {"a": {"trial_id": "a", "status": "weird"}}, "rungs": []}),
+    json.dumps({"version": SCHEMA_VERSION, "trials": {"a": {"trial_id": "b"}}, "rungs": []}),
+    json.dumps({"version": SCHEMA_VERSION, "trials": {}, "rungs": [{"fraction": 0.1}]}),
+])
+def test_malformed_file_names_the_file(tmp_path, text):
+    path = tmp_path / "scheduler_state.json"
+    path.write_text(text)
+    with pytest.raises(StateFileError, match="scheduler_state.json"):
+        SchedulerState.load(path)
+
+
+# Asserts: a missing file is a StateFileError naming the file too.
+def test_missing_file_names_the_file(tmp_path):
+    with pytest.raises(StateFileError, match="nope.json"):
+        SchedulerState.load(tmp_path / "nope.json")
+
+
+# Asserts: json_safe maps non-finite floats to None and unknown objects to their repr.
+def test_json_safe():
+    out = json_safe({"a": math.inf, 1: np.int64(3), "b": np.array([1.0, np.nan]), "c": object})
+    assert out["a"] is None and out["1"] == 3 and out["b"] == [1.0, None]
+    assert isinstance(out["c"], str)
