@@ -1,0 +1,133 @@
+"""The ``hpo`` command line: train, sweep, resume, report.
+
+Every command validates its input first and exits with status 2 and one message naming
+the field (and file) at fault, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from pydantic import ValidationError
+
+from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from trainers.config import TrainConfig
+    from trainers.runner import run_to_directory
+
+    raw = apply_overrides(read_yaml(args.config), args.set or [])
+    try:
+        config = TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, args.config)) from None
+    output = Path(args.output or f"runs/train/{Path(args.config).stem}")
+    summary = run_to_directory(config, output, progress=not args.quiet)
+    print(f"status: {summary.get('status')}; wrote {output.resolve()}")
+    return 0 if summary.get("status") != "diverged" else 1
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from hpo.sweep import run_sweep
+    from hpo.sweep_config import load_sweep_config
+
+    overrides = list(args.set or [])
+    if args.audit:
+        overrides.append("scheduler.mode=audit")
+    if args.output:
+        overrides.append(f"output_dir={args.output}")
+    config = load_sweep_config(args.config, overrides=tuple(overrides))
+    outcome = run_sweep(config, address=args.address)
+    _print_outcome(outcome)
+    return 0 if not outcome["errors"] else 1
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from hpo.sweep import resume_sweep
+
+    outcome = resume_sweep(args.output_dir, address=args.address)
+    _print_outcome(outcome)
+    return 0 if not outcome["errors"] else 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from hpo.report import print_report, write_report
+
+    directory = Path(args.output_dir)
+    if not (directory / "scheduler_state.json").exists():
+        raise ConfigError(f"{directory}: not a sweep output directory (no scheduler_state.json)")
+    report = write_report(directory)
+    print_report(report)
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from hpo.calibrate import calibrate
+
+    summary = calibrate(args.config, tuple(args.set or []), fit_only=args.fit_only)
+    print(f"calibration: {summary['n_curves']} curves, chosen mode {summary['chosen_mode']}")
+    for mode, info in summary["modes"].items():
+        print(f"  {mode}: fit MAE {100 * info['fit_mae']:.2f}%, oracle MAE {100 * info['oracle_mae']:.2f}%")
+    print(f"predictor: {summary['predictor']}\nreport: {summary['report_dir']}")
+    return 0
+
+
+def _print_outcome(outcome: dict) -> None:
+    from hpo.report import print_report
+
+    print_report(outcome["report"])
+    for error in outcome["errors"]:
+        print(f"trial error: {error}", file=sys.stderr)
+    print(f"outputs: {outcome['output']}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train one run of the µP/CompleteP GPT")
+    train.add_argument("--config", required=True, help="YAML train config")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    train.add_argument("--output", help="output directory (default runs/train/<config name>)")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(func=_cmd_train)
+
+    sweep = sub.add_parser("sweep", help="run a sweep with early stopping by predicted final loss")
+    sweep.add_argument("config", help="YAML sweep config")
+    sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    sweep.add_argument("--audit", action="store_true", help="stop nothing; record decisions only")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    sweep.add_argument("--output", help="output directory (overrides output_dir)")
+    sweep.set_defaults(func=_cmd_sweep)
+
+    resume = sub.add_parser("resume", help="continue an interrupted sweep")
+    resume.add_argument("output_dir")
+    resume.add_argument("--address", help="Ray cluster address")
+    resume.set_defaults(func=_cmd_resume)
+
+    report = sub.add_parser("report", help="write and print the report of a sweep")
+    report.add_argument("output_dir")
+    report.set_defaults(func=_cmd_report)
+    calibrate = sub.add_parser("calibrate", help="run reference curves, bank them, fit the predictor")
+    calibrate.add_argument("config", help="YAML calibration config")
+    calibrate.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    calibrate.add_argument("--fit-only", action="store_true", help="refit from the curve bank only")
+    calibrate.set_defaults(func=_cmd_calibrate)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

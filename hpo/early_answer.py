@@ -1,0 +1,59 @@
+"""The early answer: the predicted-best config, announced the moment the last rung is decided.
+
+Printed to the terminal, written to ``<output>/predicted_best.json`` and tagged on the
+MLflow parent run, while the surviving trial keeps training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+
+
+class EarlyAnswer:
+    """Callable handed to ``CollapseScheduler(on_early_answer=...)``; picklable for restore."""
+
+    def __init__(self, output_dir: Path, tracker: Optional[Any] = None) -> None:
+        self.output_dir = Path(output_dir)
+        self.tracker = tracker
+
+    def __call__(self, answer: dict[str, Any]) -> None:
+        path = self.output_dir / "predicted_best.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(answer, indent=2, default=str))
+        os.replace(tmp, path)
+        Console(stderr=False).print(format_early_answer(answer))
+        if self.tracker is not None:
+            try:
+                self.tracker.tag_parent({
+                    "predicted_best.trial_id": answer.get("trial_id"),
+                    "predicted_best.config": answer.get("config"),
+                    "predicted_best.final_loss": answer.get("predicted_final_loss"),
+                    "predicted_best.uncertainty": answer.get("uncertainty"),
+                    "predicted_best.rung": answer.get("rung"),
+                    "predicted_best.compute_fraction": answer.get("compute_fraction"),
+                })
+            except Exception as exc:  # noqa: BLE001 - tracking must not kill the sweep
+                Console(stderr=True).print(f"[yellow]MLflow tag failed: {exc}[/yellow]")
+
+
+def format_early_answer(answer: dict[str, Any]) -> str:
+    config = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in (answer.get("config") or {}).items())
+    margin = answer.get("margin")
+    lines = [
+        "",
+        f"[bold green]Early answer at t̂ = {answer.get('rung')}[/bold green]: predicted best is "
+        f"trial {answer.get('trial_id')} ({config})",
+        f"  predicted final loss {answer.get('predicted_final_loss'):.4f} "
+        f"± {answer.get('uncertainty'):.4f}"
+        + (f"; kept within margin {margin}" if margin not in (None, 0, 0.0) else ""),
+        f"  compute spent so far: {100 * float(answer.get('compute_fraction', 0.0)):.1f}% "
+        "of the full sweep",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Live progress of a sweep: trials, each one's t̂, rung decisions, current predicted-best.
+
+On a terminal this is a rich live table refreshed at most twice a second; when output is
+redirected (CI, logs) it prints a plain line per rung decision and a short status line
+every ``log_interval_s`` seconds instead of redrawing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from ray import tune
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+def _fmt(value: Optional[float], digits: int = 4) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in config.items() if not str(k).startswith("_"))
+
+
+def render_table(summary: dict[str, Any]) -> Table:
+    """A rich table of the scheduler summary (see ``CollapseScheduler.summary``)."""
+    rungs = summary.get("rung_status", [])
+    decided = ", ".join(f"{r['fraction']:g}{'✓' if r['decided'] else '…'}" for r in rungs)
+    best = summary.get("predicted_best") or {}
+    title = (f"collapse-hpo · {summary.get('decision_mode')} · rungs {decided} · compute "
+             f"{100 * (summary.get('compute_fraction') or 0):.0f}% of full sweep")
+    caption = ""
+    if best:
+        caption = (f"predicted best: {best['trial_id']} → {_fmt(best['predicted_final_loss'])} "
+                   f"± {_fmt(best['uncertainty'])} (t̂ {best['rung']:g})")
+    table = Table(title=title, caption=caption, expand=False)
+    for column in ("trial", "config", "t̂", "loss", "pred. final ± σ", "status"):
+        table.add_column(column)
+    for trial_id, trial in summary.get("trials", {}).items():
+        predicted = trial.get("predicted_final_loss")
+        pred_text = "–" if predicted is None else f"{predicted:.4f} ± {_fmt(trial.get('uncertainty'))}"
+        table.add_row(trial_id, _config_text(trial.get("config") or {}),
+                      f"{trial.get('train_fraction') or 0:.2f}", _fmt(trial.get("loss")),
+                      pred_text, str(trial.get("verdict")))
+    return table
+
+
+class SweepProgress(tune.Callback):
+    """Tune callback that shows the scheduler's view of the sweep while it runs."""
+
+    def __init__(self, scheduler: Any, log_interval_s: float = 30.0) -> None:
+        self.scheduler = scheduler
+        self.log_interval_s = log_interval_s
+        self._live: Optional[Live] = None
+        self._console: Optional[Console] = None
+        self._last_draw = 0.0
+        self._last_log = 0.0
+        self._announced: set[float] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_live"] = None
+        state["_console"] = None
+        return state
+
+    def _ensure_console(self) -> Console:
+        if self._console is None:
+            self._console = Console()
+            if self._console.is_terminal:
+                self._live = Live(console=self._console, refresh_per_second=2, transient=False)
+                self._live.start()
+        return self._console
+
+    def _update(self, force: bool = False) -> None:
+        console = self._ensure_console()
+        now = time.time()
+        summary = self.scheduler.summary()
+        for rung in summary.get("rung_status", []):
+            if rung["decided"] and rung["fraction"] not in self._announced:
+                self._announced.add(rung["fraction"])
+                line = (f"rung t̂={rung['fraction']:g} decided: kept {len(rung['survivors'])} of "
+                        f"{rung['n_participants']} ({', '.join(rung['survivors'])}); predicted best "
+                        f"{rung['predicted_best']}, current best {rung['current_best']}")
+                (self._live.console if self._live else console).print(line)
+        if self._live is not None:
+            if force or now - self._last_draw > 0.5:
+                self._live.update(render_table(summary))
+                self._last_draw = now
+        elif force or now - self._last_log > self.log_interval_s:
+            self._last_log = now
+            trials = summary.get("trials", {})
+            running = sum(1 for t in trials.values() if t["status"] in ("running", "paused", "pending"))
+            best = summary.get("predicted_best") or {}
+            console.print(f"[progress] {len(trials)} trials, {running} in the race, compute "
+                          f"{100 * (summary.get('compute_fraction') or 0):.0f}%, predicted best "
+                          f"{best.get('trial_id', '–')}")
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self._update()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._update(force=True)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self._update(force=True)
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

@@ -1,0 +1,92 @@
+"""The `hpo` command line: bad input gives one clear error naming the field and writes nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.cli import main
+
+TINY_TRAIN = {
+    "model": {"d_model": 32, "n_layers": 1, "d_head": 16, "seq_len": 32,
+              "base_d_model": 32, "base_n_layers": 1},
+    "tokens_per_param": 2, "batch_size": 1024, "lr": 0.01, "tau": 0.3,
+    "log_every": 5, "threads": 1,
+}
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("lr=-0.1", "lr"),
+        ("tau=0", "tau"),
+        ("tokens_per_param=0", "tokens_per_param"),
+        ("batch_size=1000", "batch_size"),
+        ("warmup_fraction=1.5", "warmup_fraction"),
+        ("weight_decay=0.1", "tau"),
+        ("colour=blue", "colour"),
+    ],
+)
+def test_train_config_errors_name_the_field_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, field: str
+) -> None:
+    # Each invalid setting exits 2 with a message naming the field; no output directory appears.
+    config = _write(tmp_path / "c.yaml", TINY_TRAIN)
+    output = tmp_path / "out"
+    code = main(["train", "--config", str(config), "--set", override, "--output", str(output), "--quiet"])
+    assert code == 2
+    assert field in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_train_writes_curve_and_controls(tmp_path: Path) -> None:
+    # `hpo train` writes the curve and every control the run was defined by.
+    config = _write(tmp_path / "c.yaml", TINY_TRAIN)
+    output = tmp_path / "out"
+    assert main(["train", "--config", str(config), "--output", str(output), "--quiet"]) == 0
+    controls = json.loads((output / "controls.json").read_text())
+    for key in ("tau", "weight_decay", "tokens_per_param", "n_params", "total_tokens",
+                "batch_size", "lr", "schedule", "seed", "corpus_hash"):
+        assert key in json.dumps(controls), key
+    with open(output / "curve.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows and float(rows[-1]["train_fraction"]) == pytest.approx(1.0)
+
+
+def test_sweep_config_error_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A bad sweep config exits 2 naming the field, and creates no output directory.
+    output = tmp_path / "sweep_out"
+    config = _write(tmp_path / "s.yaml", {
+        "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
+        "search_space": {"lr": {"grid": [0.01]}}, "scheduler": {"reduction_factor": 1},
+    })
+    assert main(["sweep", str(config)]) == 2
+    assert "scheduler.reduction_factor" in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_sweep_with_missing_predictor_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A predictor path that does not exist is named, before any output is written.
+    output = tmp_path / "sweep_out"
+    config = _write(tmp_path / "s.yaml", {
+        "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
+        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(tmp_path / "missing.json"),
+    })
+    assert main(["sweep", str(config)]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_report_on_non_sweep_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `hpo report` on a folder that is not a sweep says so.
+    assert main(["report", str(tmp_path)]) == 2
+    assert "scheduler_state.json" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""End to end: a tiny sweep through Ray Tune on CPU, its MLflow records, early answer and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.sweep import run_sweep
+from hpo.sweep_config import load_sweep_config
+from sweep_fixtures import tiny_sweep
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import ray
+
+    output = tmp_path_factory.mktemp("sweep") / "out"
+    config = load_sweep_config(data=tiny_sweep(output))
+    try:
+        outcome = run_sweep(config)
+    finally:
+        ray.shutdown()
+    assert outcome["errors"] == []
+    return output
+
+
+def test_sync_sweep_halves_then_keeps_one(finished_sweep: Path) -> None:
+    # Sync mode: 4 trials → 2 kept at t̂ = 0.2 → exactly 1 kept at 0.4, which completes.
+    state = json.loads((finished_sweep / "scheduler_state.json").read_text())
+    rungs = state["rungs"]
+    assert [r["decided"] for r in rungs] == [True, True]
+    assert len(rungs[0]["survivors"]) == 2 and len(rungs[1]["survivors"]) == 1
+    statuses = sorted(t["status"] for t in state["trials"].values())
+    assert statuses == ["completed", "stopped", "stopped", "stopped"]
+    survivor = rungs[1]["survivors"][0]
+    assert state["trials"][survivor]["status"] == "completed"
+    stopped_at = sorted(t["stopped_at"] for t in state["trials"].values() if t["status"] == "stopped")
+    assert stopped_at == [0.2, 0.2, 0.4]
+
+
+def test_early_answer_written(finished_sweep: Path) -> None:
+    # predicted_best.json names the survivor, its predicted final ± σ and the compute spent.
+    answer = json.loads((finished_sweep / "predicted_best.json").read_text())
+    state = json.loads((finished_sweep / "scheduler_state.json").read_text())
+    assert answer["trial_id"] == state["rungs"][-1]["survivors"][0]
+    assert answer["predicted_final_loss"] > 0 and answer["uncertainty"] >= 0
+    # Decided at 0.4: 4×0.2 + 2×0.2 (+ overshoot of one log interval) of 4 trials' compute.
+    assert 0.25 < answer["compute_fraction"] < 0.5
+    assert "lr" in answer["config"]
+
+
+def test_mlflow_parent_and_children(finished_sweep: Path) -> None:
+    # One parent run, one nested child per trial with params and a status tag.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{finished_sweep / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny-test")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 4
+    tags = sorted(r.data.tags["status"] for r in children)
+    assert tags == ["completed", "stopped_at_0.2", "stopped_at_0.2", "stopped_at_0.4"]
+    for child in children:
+        for key in ("eta", "batch_size", "weight_decay", "tau", "tokens_per_param", "n_params",
+                    "total_tokens", "schedule", "seed"):
+            assert key in child.data.params, key
+        assert "train_loss" in child.data.metrics
+    assert parents[0].data.tags.get("predicted_best.trial_id")
+    artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert "report" in artifacts and "scheduler_state.json" in artifacts
+
+
+def test_report_written(finished_sweep: Path) -> None:
+    # The report folder holds the table (csv, md) and the three plots.
+    report = finished_sweep / "report"
+    for name in ("report.csv", "report.md", "curves.png", "normalized.png", "regret.png"):
+        assert (report / name).exists(), name
+
+
+def test_resolved_config_saved_with_absolute_paths(finished_sweep: Path) -> None:
+    # sweep.yaml records where the sweep lives, so `hpo resume` works from anywhere.
+    saved = yaml.safe_load((finished_sweep / "sweep.yaml").read_text())
+    assert Path(saved["output_dir"]).is_absolute() and Path(saved["predictor"]).exists()
