@@ -1,0 +1,340 @@
+"""``hpo calibrate``: run reference curves through Ray Tune, bank them, fit the predictor.
+
+A calibration is a base trainer config plus a grid (cartesian product over trainer fields,
+typically τ × TPP × LR or batch size, on the decay-to-zero schedule) and seeds. Runs whose
+resolved config is already in the curve bank are skipped, so re-running a calibration only
+trains what is missing; ``--fit-only`` refits from the bank alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from ray import tune
+
+from hpo.curve_bank import append_runs, bank_curves, curve_frame, load_bank, run_id_of
+from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+from hpo.trainable import CollapseTrainable, short_trial_dirname
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class FitSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    t_min: float = Field(0.2, ge=0, lt=1)
+    fit_m: bool = True
+    compare_fixed_m: bool = True  # also fit the paper's fixed-m mode and report both
+
+
+class CalibrationConfig(BaseModel):
+    """A calibration: base trainer, grid, seeds, where the bank and predictor go."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "calibration"
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    bank: str = "configs/calibration/bank.parquet"
+    predictor_out: str = "configs/predictors/calibrated.json"
+    output_dir: Optional[str] = None
+    fit: FitSettings = Field(default_factory=FitSettings)
+    cpus_per_run: float = 1.0
+    num_cpus: Optional[int] = None
+    mlflow_experiment: str = "collapse-hpo-calibration"
+
+    @field_validator("grid")
+    @classmethod
+    def _non_empty(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{key}: list at least one value")
+        return grid
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every resolved trainer config of the calibration (validated)."""
+        from trainers.config import TrainConfig
+
+        keys = list(self.grid)
+        configs = []
+        for values in itertools.product(*(self.grid[k] for k in keys), self.seeds):
+            trainer = json.loads(json.dumps(self.trainer))
+            overrides = dict(zip(keys, values[:-1]))
+            if "weight_decay" in overrides:
+                trainer.pop("tau", None)
+            if "tau" in overrides:
+                trainer.pop("weight_decay", None)
+            trainer.update(overrides)
+            trainer["seed"] = int(values[-1])
+            try:
+                validated = TrainConfig.model_validate(trainer)
+            except ValidationError as exc:
+                where = ", ".join(f"{k}={v}" for k, v in overrides.items())
+                raise ConfigError(format_validation_error(exc, f"calibration trainer ({where})")) from None
+            configs.append(validated.model_dump(mode="json"))
+        return configs
+
+
+def load_calibration_config(path: str, overrides: tuple[str, ...] = ()) -> CalibrationConfig:
+    raw = apply_overrides(read_yaml(path), overrides)
+    try:
+        config = CalibrationConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, path)) from None
+    config.runs()  # validate every run before anything starts
+    return config
+
+
+def _resolve(path: str) -> Path:
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else (Path.cwd() / candidate).resolve()
+
+
+def run_reference_curves(config: CalibrationConfig, bank_path: Path, sweep_name: str) -> int:
+    """Train every run not yet in the bank through Ray Tune; return how many were added."""
+    import ray
+
+    todo = [c for c in config.runs() if run_id_of(c) not in set(load_bank(bank_path)["run_id"])]
+    if not todo:
+        return 0
+    print(f"calibration: {len(todo)} runs to train ({len(config.runs()) - len(todo)} already banked)")
+    collector = CurveCollector(bank_path, sweep_name)
+    if not ray.is_initialized():
+        ray.init(num_cpus=config.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    space = {"_run": tune.grid_search(todo)}
+    trainable = tune.with_resources(CalibrationTrainable, {"cpu": config.cpus_per_run})
+    tuner = tune.Tuner(
+        trainable, param_space=space,
+        tune_config=tune.TuneConfig(num_samples=1, trial_dirname_creator=short_trial_dirname),
+        run_config=tune.RunConfig(name=sweep_name, storage_path=str(_output(config) / "ray"),
+                                  verbose=0, callbacks=[collector]),
+    )
+    tuner.fit()
+    return collector.added
+
+
+def _output(config: CalibrationConfig) -> Path:
+    return _resolve(config.output_dir or f"runs/calibration/{config.name}")
+
+
+class CalibrationTrainable(CollapseTrainable):
+    """Our trainable, configured by one whole resolved trainer config (``_run``)."""
+
+    def _build(self, config: dict[str, Any]) -> None:
+        self._base_trainer = config["_run"]
+        self._run = config["_run"]
+        super()._build({})
+
+    def step(self) -> dict[str, Any]:
+        result = super().step()
+        result["run_id"] = run_id_of(self._run)
+        result["config_json"] = json.dumps(self._run, sort_keys=True)
+        result["corpus_hash"] = getattr(self.trainer, "corpus_hash", None) or getattr(
+            getattr(self.trainer, "corpus", None), "sha256", "")
+        result["d_model"] = int(self._run["model"]["d_model"])
+        result["n_layers"] = int(self._run["model"]["n_layers"])
+        result["seq_len"] = int(self._run["model"]["seq_len"])
+        return result
+
+
+def _trial_key(trial: Any) -> str:
+    return str(trial.trial_id)
+
+
+class CurveCollector(tune.Callback):
+    """Driver-side: gathers each trial's results and banks the curve when it ends."""
+
+    def __init__(self, bank_path: Path, sweep_name: str) -> None:
+        self.bank_path = Path(bank_path)
+        self.sweep_name = sweep_name
+        self.points: dict[str, list[dict[str, Any]]] = {}
+        self.added = 0
+        self._start = time.time()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self.points.setdefault(_trial_key(trial), []).append(dict(result))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        points = self.points.pop(_trial_key(trial), [])
+        if not points:
+            return
+        last = points[-1]
+        run = {k: last.get(k) for k in (
+            "run_id", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
+            "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
+            "seq_len", "seed", "data_seed", "corpus_hash", "config_json")}
+        run["sweep"] = self.sweep_name
+        run["status"] = "diverged" if last.get("diverged") else "completed"
+        append_runs(self.bank_path, [curve_frame(run, points)])
+        self.added += 1
+        done = sum(1 for t in trials if t.status == "TERMINATED")
+        print(f"  banked {run['run_id']} (τ={run['tau']:.3g}, TPP={run['tokens_per_param']:.0f}, "
+              f"final {last.get('loss', float('nan')):.4f}, {run['status']}) "
+              f"[{done}/{len(trials)} done, {time.time() - self._start:.0f}s]", flush=True)
+
+
+def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
+    """Fit the predictor on the bank's completed curves of this calibration; write JSON + report."""
+    from predictors import fit
+
+    frame = load_bank(bank_path)
+    wanted = {run_id_of(c) for c in config.runs()}
+    frame = frame[frame["run_id"].isin(wanted)]
+    curves = bank_curves(frame)
+    if len(curves) < 3:
+        raise ConfigError(f"{bank_path}: only {len(curves)} completed curves for this calibration")
+    provenance = {
+        "calibration": config.name,
+        "corpus_hash": sorted(set(str(c.meta.get("corpus_hash")) for c in curves)),
+        "bank": str(bank_path),
+    }
+    results = {}
+    modes = [True, False] if config.fit.compare_fixed_m else [config.fit.fit_m]
+    for fit_m in modes:
+        results[fit_m] = fit(curves, t_min=config.fit.t_min, fit_m=fit_m,
+                             provenance={**provenance, "mode": "five-parameter" if fit_m else "paper (m fixed)"})
+    chosen_mode = _choose_mode(results, config.fit.fit_m)
+    chosen = results[chosen_mode]
+    predictor_path.parent.mkdir(parents=True, exist_ok=True)
+    chosen.predictor.save(predictor_path)
+    summary = _calibration_summary(curves, results, chosen_mode)
+    out = _output(config)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.json").write_text(json.dumps(summary, indent=2, default=float))
+    _write_markdown(out / "calibration.md", summary)
+    _plot_normalized(curves, chosen.predictor, out / "normalized.png")
+    summary["predictor"] = str(predictor_path)
+    summary["report_dir"] = str(out)
+    return summary
+
+
+def _choose_mode(results: dict[bool, Any], preferred: bool) -> bool:
+    """Pick the mode with the lower decision-fraction error (mean over fractions), if known."""
+    if len(results) == 1:
+        return next(iter(results))
+
+    def score(result: Any) -> float:
+        table = result.predictor.decision_error
+        if table is None:
+            return float(result.fit_mae)
+        # Judge by the error of the final loss predicted at the decision fractions (≤ 0.3).
+        errors = [e for s, e in zip(table.stop_fractions, table.rel_error) if s <= 0.3 + 1e-9]
+        return float(np.mean(errors or list(table.rel_error)))
+
+    return min(results, key=lambda mode: (score(results[mode]), mode != preferred))
+
+
+def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bool) -> dict[str, Any]:
+    chosen = results[chosen_mode]
+    per_curve = pd.DataFrame({
+        "run_id": [c.meta["name"] for c in curves],
+        "tau": [c.controls.tau for c in curves],
+        "tokens_per_param": [c.controls.tokens_per_param for c in curves],
+        "fit_mae": list(np.asarray(chosen.curve_mae, dtype=float)),
+        "oracle_mae": list(np.asarray(chosen.oracle_curve_mae, dtype=float)),
+    })
+    per_curve["tpp_band"] = per_curve["tokens_per_param"].round(0)
+    by_tpp = per_curve.groupby("tpp_band")[["fit_mae", "oracle_mae"]].mean()
+    tau_bins = pd.cut(np.log10(per_curve["tau"]), bins=min(4, max(1, per_curve["tau"].nunique())))
+    by_tau = per_curve.groupby(tau_bins, observed=True)[["fit_mae", "oracle_mae"]].mean()
+    modes = {}
+    for fit_m, result in results.items():
+        table = result.predictor.decision_error
+        modes["five-parameter" if fit_m else "paper (m = 0.05)"] = {
+            "fit_mae": float(result.fit_mae),
+            "oracle_mae": float(result.oracle_mae),
+            "params": result.predictor.to_dict().get("params"),
+            "decision_error": ({f"{s:g}": e for s, e in zip(table.stop_fractions, table.rel_error)}
+                               if table is not None else {}),
+        }
+    return {
+        "n_curves": len(curves),
+        "chosen_mode": "five-parameter" if chosen_mode else "paper (m = 0.05)",
+        "modes": modes,
+        "by_tpp": {str(k): v for k, v in by_tpp.to_dict(orient="index").items()},
+        "by_tau": {str(k): v for k, v in by_tau.to_dict(orient="index").items()},
+        "per_curve": per_curve.drop(columns="tpp_band").to_dict(orient="records"),
+    }
+
+
+def _write_markdown(path: Path, summary: dict[str, Any]) -> None:
+    lines = [f"# Calibration ({summary['n_curves']} curves)", "",
+             f"Chosen mode: **{summary['chosen_mode']}**", "",
+             "| mode | fit MAE | oracle MAE | decision-fraction error |", "|---|---|---|---|"]
+    for mode, info in summary["modes"].items():
+        errors = ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in info["decision_error"].items())
+        lines.append(f"| {mode} | {100 * info['fit_mae']:.2f}% | {100 * info['oracle_mae']:.2f}% | {errors} |")
+    lines += ["", "## By TPP (chosen mode)", "", "| TPP | fit MAE | oracle MAE |", "|---|---|---|"]
+    for tpp, row in summary["by_tpp"].items():
+        lines.append(f"| {tpp} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
+    lines += ["", "## By log10 τ bin (chosen mode)", "", "| log10 τ | fit MAE | oracle MAE |", "|---|---|---|"]
+    for tau, row in summary["by_tau"].items():
+        lines.append(f"| {tau} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _plot_normalized(curves: list, predictor: Any, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tpps = sorted({round(c.controls.tokens_per_param) for c in curves})
+    fig, axes = plt.subplots(1, len(tpps), figsize=(5 * len(tpps), 4), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    taus = sorted({c.controls.tau for c in curves})
+    for ax, tpp in zip(axes[0], tpps):
+        for curve in (c for c in curves if round(c.controls.tokens_per_param) == tpp):
+            colour = cmap(taus.index(curve.controls.tau) / max(1, len(taus) - 1))
+            mask = curve.t_hat >= 0.05
+            ax.plot(curve.t_hat[mask], curve.normalized[mask], color=colour, lw=1, alpha=0.8)
+            ax.plot(curve.t_hat[mask], predictor.normalized_curve(curve.t_hat[mask], curve.controls),
+                    color=colour, lw=1, ls="--")
+        ax.set_title(f"TPP ≈ {tpp} (solid: runs, dashed: ℓ̂)")
+        ax.set_xlabel("training fraction t̂")
+        ax.set_ylabel("L(t̂)/L(1)")
+        ax.set_ylim(0.95, 1.6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool = False) -> dict[str, Any]:
+    config = load_calibration_config(config_path, overrides)
+    bank_path = _resolve(config.bank)
+    predictor_path = _resolve(config.predictor_out)
+    if not fit_only:
+        added = run_reference_curves(config, bank_path, config.name)
+        print(f"calibration: banked {added} new curves in {bank_path}")
+    summary = fit_from_bank(config, bank_path, predictor_path)
+    _log_mlflow(config, summary, bank_path)
+    return summary
+
+
+def _log_mlflow(config: CalibrationConfig, summary: dict[str, Any], bank_path: Path) -> None:
+    """Record the calibration in a local MLflow store next to its report."""
+    from mlflow.tracking import MlflowClient
+
+    out = _output(config)
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(config.mlflow_experiment)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(config.mlflow_experiment)
+    run = client.create_run(experiment_id, run_name=config.name, tags={"collapse_hpo.kind": "calibration"})
+    client.log_param(run.info.run_id, "n_curves", summary["n_curves"])
+    client.log_param(run.info.run_id, "chosen_mode", summary["chosen_mode"])
+    for mode, info in summary["modes"].items():
+        key = "five_param" if mode.startswith("five") else "paper"
+        client.log_metric(run.info.run_id, f"{key}_fit_mae", info["fit_mae"])
+        client.log_metric(run.info.run_id, f"{key}_oracle_mae", info["oracle_mae"])
+    for name in ("calibration.json", "calibration.md", "normalized.png"):
+        if (out / name).exists():
+            client.log_artifact(run.info.run_id, str(out / name))
+    client.log_artifact(run.info.run_id, summary["predictor"])
+    client.set_terminated(run.info.run_id)
