@@ -26,7 +26,10 @@ def _free_port() -> int:
 def two_node_cluster(tmp_path: Path):
     ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
     port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray 2.60 clusters authenticate with a token shared by every node (~/.ray/auth_token).
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+    subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, env=env,
+                   capture_output=True, timeout=60)
     address = f"127.0.0.1:{port}"
     common = ["--num-cpus=1", "--disable-usage-stats"]
     subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
@@ -42,14 +45,12 @@ def two_node_cluster(tmp_path: Path):
 
 def test_sweep_through_two_node_cluster(tmp_path: Path, two_node_cluster: str) -> None:
     # `hpo sweep --address` uses the running cluster (2 nodes × 1 CPU) and finishes the sweep.
-    import ray
-
     output = tmp_path / "out"
     config_path = tmp_path / "tiny.yaml"
     sweep = tiny_sweep(output)
     sweep["ray"] = {}
     config_path.write_text(yaml.safe_dump(sweep))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
     run = subprocess.run(
         [sys.executable, "-m", "hpo.cli", "sweep", str(config_path), "--address", two_node_cluster],
         env=env, capture_output=True, text=True, timeout=300,
@@ -58,8 +59,8 @@ def test_sweep_through_two_node_cluster(tmp_path: Path, two_node_cluster: str) -
     state = json.loads((output / "scheduler_state.json").read_text())
     assert sorted(t["status"] for t in state["trials"].values()) == ["completed", "stopped", "stopped", "stopped"]
     # Both nodes were part of the cluster the sweep ran on.
-    ray.init(address=two_node_cluster, log_to_driver=False)
-    try:
-        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    finally:
-        ray.shutdown()
+    probe = ("import ray; ray.init(address=%r, log_to_driver=False); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))" % two_node_cluster)
+    nodes = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stderr[-2000:]
