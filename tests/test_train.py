@@ -1,0 +1,152 @@
+"""The training loop and runner: learning, exact resume, divergence, output files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainers.config import DataConfig, load_train_config
+from trainers.data import load_corpus, split_corpus, unigram_entropy
+from trainers.runner import CURVE_COLUMNS, run_to_directory
+from trainers.train import Trainer
+
+RECORD_KEYS = {"step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr", "elapsed_s", "diverged"}
+
+
+def _config(**updates: Any) -> dict[str, Any]:
+    """A ~24k-parameter model on 32-byte windows; tokens_per_param sets the length."""
+    data: dict[str, Any] = {
+        "model": {"d_model": 32, "n_layers": 2, "d_head": 16, "seq_len": 32, "base_d_model": 32},
+        "batch_size": 512,
+        "tokens_per_param": 0.5,
+        "lr": 0.02,
+        "tau": 0.3,
+        "log_every": 4,
+        "eval_every": 8,
+        "eval_tokens": 2048,
+        "smoothing_tokens": 4096,
+        "threads": 1,
+    }
+    data.update(updates)
+    return data
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def test_tiny_run_learns_below_unigram_entropy() -> None:
+    trainer = Trainer(_config(tokens_per_param=4.0, batch_size=1024, log_every=20, eval_every=None))
+    history = trainer.run()
+    train, val = split_corpus(load_corpus(DataConfig()).tokens, 0.1)
+    # ~90 steps take a 24k-parameter model below the best unigram (byte-frequency) model,
+    # on training and on held-out bytes.
+    assert trainer.status == "completed" and trainer.step == trainer.total_steps
+    assert history[-1]["smoothed_loss"] < unigram_entropy(train)
+    assert history[-1]["val_loss"] < unigram_entropy(val)
+
+
+def test_records_have_the_contract_keys_and_schedule() -> None:
+    trainer = Trainer(_config())
+    records = trainer.run()
+    # Every record has the logged keys; steps advance by log_every; the last is the end.
+    assert all(set(r) == RECORD_KEYS for r in records)
+    assert [r["step"] for r in records][:3] == [4, 8, 12] and records[-1]["train_fraction"] == 1.0
+    assert records[-1]["tokens"] == trainer.controls.total_tokens
+    # Validation runs at multiples of eval_every and at the end; NaN elsewhere.
+    assert not math.isnan(records[1]["val_loss"]) and math.isnan(records[0]["val_loss"])
+    assert not math.isnan(records[-1]["val_loss"])
+    # The logged LR is the hidden matrices' scheduled LR: it warms up, then decays towards 0.
+    peak = max(r["lr"] for r in records)
+    assert peak <= trainer.controls.eta_hidden and records[-1]["lr"] < 0.1 * peak
+
+
+def test_resume_is_bit_identical(tmp_path: Path) -> None:
+    uninterrupted = Trainer(_config()).run()
+    first = Trainer(_config())
+    first.train_interval()
+    first.train_interval()
+    first.save_checkpoint(tmp_path)
+    resumed = Trainer(_config())
+    resumed.load_checkpoint(tmp_path)
+    records = resumed.run()
+    # Saved at step 8 and resumed in a new Trainer: every loss and LR equals the uninterrupted run's.
+    assert len(records) == len(uninterrupted)
+    for a, b in zip(records, uninterrupted):
+        for key in ("step", "train_loss", "smoothed_loss", "val_loss", "lr"):
+            assert _same(a[key], b[key]), (key, a, b)
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path: Path) -> None:
+    trainer = Trainer(_config())
+    trainer.train_interval()
+    trainer.save_checkpoint(tmp_path)
+    # Resuming under a different config is an error naming the differing field.
+    with pytest.raises(ValueError, match="lr"):
+        Trainer(_config(lr=0.01)).load_checkpoint(tmp_path)
+
+
+def test_gradient_accumulation_matches_one_big_batch() -> None:
+    whole = Trainer(_config())
+    split = Trainer(_config(micro_batch_size=128))
+    a, b = whole.train_interval(), split.train_interval()
+    # Four micro-batches of 128 tokens see the same data and give the same step (up to rounding).
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    for p, q in zip(whole.model.parameters(), split.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_data_order_depends_on_data_seed_not_init_seed() -> None:
+    # Two init seeds with one data seed draw the same windows; the data seed changes them.
+    samples = [Trainer(_config(seed=s, data={"data_seed": d})).sampler.sample(2)[0] for s, d in ((0, 0), (1, 0), (0, 1))]
+    assert torch.equal(samples[0], samples[1]) and not torch.equal(samples[0], samples[2])
+
+
+def test_huge_lr_ends_as_diverged_without_exception() -> None:
+    trainer = Trainer(_config(lr=100.0))
+    records = trainer.run()
+    # The run stops early with status "diverged" and a record flagged diverged.
+    assert trainer.status == "diverged" and trainer.done
+    assert records[-1]["diverged"] and trainer.step < trainer.total_steps
+
+
+def test_nan_loss_ends_as_diverged() -> None:
+    trainer = Trainer(_config())
+    with torch.no_grad():
+        trainer.model.lm_head.weight[0, 0] = float("nan")
+    record = trainer.train_interval()
+    # A non-finite loss is divergence too.
+    assert record["diverged"] and trainer.status == "diverged"
+    with pytest.raises(RuntimeError, match="diverged"):
+        trainer.train_interval()
+
+
+def test_run_to_directory_writes_the_three_files(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    summary = run_to_directory(_config(), output, progress=False)
+    # config.yaml round-trips, curve.csv has the contract columns, controls.json the run facts.
+    assert load_train_config(output / "config.yaml") == load_train_config(_config())
+    with open(output / "curve.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == CURVE_COLUMNS and float(rows[-1]["train_fraction"]) == 1.0
+    controls = json.loads((output / "controls.json").read_text())
+    assert controls["tau"] == pytest.approx(summary["tau"]) and controls["n_params"] == summary["n_params"]
+    for key in ("tau", "weight_decay", "tokens_per_param", "n_params", "total_tokens", "batch_size", "lr",
+                "schedule", "seed", "data_seed", "corpus_hash", "python_version", "torch_version",
+                "numpy_version", "status", "final_val_loss"):
+        assert key in controls, key
+    assert controls["status"] == "completed"
+
+
+def test_invalid_config_creates_no_directory(tmp_path: Path) -> None:
+    output = tmp_path / "never"
+    # Validation fails before anything is written.
+    with pytest.raises(ValueError):
+        run_to_directory(_config(lr=-1.0), output, progress=False)
+    assert not output.exists()
