@@ -107,7 +107,8 @@ def run_reference_curves(config: CalibrationConfig, bank_path: Path, sweep_name:
     print(f"calibration: {len(todo)} runs to train ({len(config.runs()) - len(todo)} already banked)")
     collector = CurveCollector(bank_path, sweep_name)
     if not ray.is_initialized():
-        ray.init(num_cpus=config.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=config.num_cpus or os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False)
     space = {"_run": tune.grid_search(todo)}
     trainable = tune.with_resources(CalibrationTrainable, {"cpu": config.cpus_per_run})
     tuner = tune.Tuner(
@@ -325,7 +326,8 @@ def _log_mlflow(config: CalibrationConfig, summary: dict[str, Any], bank_path: P
     out = _output(config)
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(config.mlflow_experiment)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(config.mlflow_experiment)
+    experiment_id = (experiment.experiment_id if experiment else client.create_experiment(
+        config.mlflow_experiment, artifact_location=(out / "mlartifacts").as_uri()))
     run = client.create_run(experiment_id, run_name=config.name, tags={"collapse_hpo.kind": "calibration"})
     client.log_param(run.info.run_id, "n_curves", summary["n_curves"])
     client.log_param(run.info.run_id, "chosen_mode", summary["chosen_mode"])

@@ -71,7 +71,8 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False)
     else:
-        ray.init(num_cpus=config.ray.num_cpus or os.cpu_count(), include_dashboard=False,
+        # address="local": always a fresh local instance, never a cluster that happens to run here.
+        ray.init(address="local", num_cpus=config.ray.num_cpus or os.cpu_count(), include_dashboard=False,
                  runtime_env={"env_vars": env}, log_to_driver=False)
 
 
@@ -127,7 +128,9 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from hpo.report import write_report
     from hpo.trainable import short_trial_dirname
 
-    tracker = SweepTracker(config.tracking_uri(), config.mlflow.experiment, output, config.name)
+    artifacts = None if config.mlflow.tracking_uri else (output / "mlartifacts").as_uri()
+    tracker = SweepTracker(config.tracking_uri(), config.mlflow.experiment, output, config.name,
+                           artifact_location=artifacts)
     tracker.parent_run_id(params={
         "sweep": config.name, "scheduler_mode": config.scheduler.mode,
         "rungs": config.scheduler.rungs, "search_space": {

@@ -45,8 +45,13 @@ def absolute_tracking_uri(uri: str) -> str:
 class SweepTracker:
     """Owns the parent run and the trial → child-run mapping (persisted to JSON)."""
 
-    def __init__(self, tracking_uri: str, experiment: str, output_dir: Path, sweep_name: str) -> None:
+    def __init__(self, tracking_uri: str, experiment: str, output_dir: Path, sweep_name: str,
+                 artifact_location: Optional[str] = None) -> None:
         self.tracking_uri = absolute_tracking_uri(tracking_uri)
+        # Where a newly created experiment stores artifacts. MLflow's default is ./mlruns
+        # relative to the working directory, which would scatter artifacts; with the default
+        # SQLite store we keep them beside it in the output directory.
+        self.artifact_location = artifact_location
         self.experiment = experiment
         self.output_dir = Path(output_dir)
         self.sweep_name = sweep_name
@@ -78,7 +83,7 @@ class SweepTracker:
         existing = self.client.get_experiment_by_name(self.experiment)
         if existing is not None:
             return existing.experiment_id
-        return self.client.create_experiment(self.experiment)
+        return self.client.create_experiment(self.experiment, artifact_location=self.artifact_location)
 
     def parent_run_id(self, params: Optional[dict[str, Any]] = None) -> str:
         """The sweep's parent run, created on first use and reused on resume."""
