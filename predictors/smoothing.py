@@ -51,9 +51,12 @@ class TrailingMean:
         return self._sum / len(self._points)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"window_tokens": self.window_tokens, "points": [list(p) for p in self._points]}
+        # The running sum is saved as is: recomputing it could differ in the last bit and
+        # break exact resume.
+        return {"window_tokens": self.window_tokens, "points": [list(p) for p in self._points],
+                "sum": self._sum}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.window_tokens = float(state["window_tokens"])
         self._points = deque((float(a), float(b)) for a, b in state["points"])
-        self._sum = sum(v for _, v in self._points)
+        self._sum = float(state["sum"]) if "sum" in state else sum(v for _, v in self._points)
