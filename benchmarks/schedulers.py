@@ -28,7 +28,7 @@ regret is within 1 seed-noise std ("tie"). Then an aggregate table. Written to `
 ``schedulers.md``.
 
 Usage:
-    python benchmarks/schedulers.py --bank configs/calibration/tiny_bank.parquet --group-by tokens_per_param
+    python benchmarks/schedulers.py --bank configs/calibration/default_bank.parquet --group-by tokens_per_param
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -43,7 +43,9 @@ class CalibrationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = "calibration"
     trainer: dict[str, Any] = Field(default_factory=dict)
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    # One grid (a mapping of trainer field → values, expanded as a cartesian product) or a
+    # list of grids whose runs are pooled; a grid may list `seed` itself, else `seeds` apply.
+    grid: Union[dict[str, list[Any]], list[dict[str, list[Any]]]] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0])
     bank: str = "configs/calibration/bank.parquet"
     predictor_out: str = "configs/predictors/calibrated.json"
@@ -55,34 +57,38 @@ class CalibrationConfig(BaseModel):
 
     @field_validator("grid")
     @classmethod
-    def _non_empty(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"{key}: list at least one value")
+    def _non_empty(cls, grid: Any) -> Any:
+        for one in grid if isinstance(grid, list) else [grid]:
+            for key, values in one.items():
+                if not isinstance(values, list) or not values:
+                    raise ValueError(f"{key}: list at least one value")
         return grid
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every resolved trainer config of the calibration (validated)."""
+        """Every resolved trainer config of the calibration (validated, duplicates removed)."""
         from trainers.config import TrainConfig
 
-        keys = list(self.grid)
-        configs = []
-        for values in itertools.product(*(self.grid[k] for k in keys), self.seeds):
-            trainer = json.loads(json.dumps(self.trainer))
-            overrides = dict(zip(keys, values[:-1]))
-            if "weight_decay" in overrides:
-                trainer.pop("tau", None)
-            if "tau" in overrides:
-                trainer.pop("weight_decay", None)
-            trainer.update(overrides)
-            trainer["seed"] = int(values[-1])
-            try:
-                validated = TrainConfig.model_validate(trainer)
-            except ValidationError as exc:
-                where = ", ".join(f"{k}={v}" for k, v in overrides.items())
-                raise ConfigError(format_validation_error(exc, f"calibration trainer ({where})")) from None
-            configs.append(validated.model_dump(mode="json"))
-        return configs
+        configs: dict[str, dict[str, Any]] = {}
+        for grid in self.grid if isinstance(self.grid, list) else [self.grid]:
+            grid = dict(grid) if "seed" in grid else {**grid, "seed": list(self.seeds)}
+            keys = list(grid)
+            for values in itertools.product(*(grid[k] for k in keys)):
+                trainer = json.loads(json.dumps(self.trainer))
+                overrides = dict(zip(keys, values))
+                if "weight_decay" in overrides:
+                    trainer.pop("tau", None)
+                if "tau" in overrides:
+                    trainer.pop("weight_decay", None)
+                trainer.update(overrides)
+                trainer["seed"] = int(trainer["seed"])
+                try:
+                    validated = TrainConfig.model_validate(trainer)
+                except ValidationError as exc:
+                    where = ", ".join(f"{k}={v}" for k, v in overrides.items())
+                    raise ConfigError(format_validation_error(exc, f"calibration trainer ({where})")) from None
+                resolved = validated.model_dump(mode="json")
+                configs.setdefault(run_id_of(resolved), resolved)
+        return list(configs.values())
 
 
 def load_calibration_config(path: str, overrides: tuple[str, ...] = ()) -> CalibrationConfig:

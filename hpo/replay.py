@@ -9,7 +9,7 @@ pick compared with the true best of the sweep, which the bank knows.
 
 Usage::
 
-    trainable = tune.with_parameters(ReplayTrainable, bank_path="configs/calibration/tiny_bank.parquet")
+    trainable = tune.with_parameters(ReplayTrainable, bank_path="configs/calibration/default_bank.parquet")
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}),
                        param_space={"run_id": tune.grid_search(run_ids)}, ...)
 
