@@ -122,9 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from hpo.curve_bank import CurveBankError
+    from hpo.scheduler_state import StateFileError
+
     try:
         return int(args.func(args))
-    except ConfigError as exc:
+    except (ConfigError, StateFileError, CurveBankError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

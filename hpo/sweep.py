@@ -104,7 +104,10 @@ def prepare_output(config: SweepConfig) -> Path:
         raise ConfigError(f"predictor: {predictor_path}: no such file")
     from predictors import Predictor
 
-    Predictor.load(predictor_path)  # validate before writing anything
+    try:
+        Predictor.load(predictor_path)  # validate before writing anything
+    except ValueError as exc:  # the message names the file and the field
+        raise ConfigError(f"predictor: {exc}") from None
     output = config.output_path()
     if (output / STATE_FILE).exists():
         raise ConfigError(

@@ -90,3 +90,29 @@ def test_report_on_non_sweep_directory(tmp_path: Path, capsys: pytest.CaptureFix
     # `hpo report` on a folder that is not a sweep says so.
     assert main(["report", str(tmp_path)]) == 2
     assert "scheduler_state.json" in capsys.readouterr().err
+
+
+def test_sweep_with_malformed_predictor_names_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A predictor JSON with a bad field is refused with its path, before any output is written.
+    bad = json.loads(Path("configs/predictors/default.json").read_text())
+    bad["params"]["eps2"] = -1.0
+    predictor = tmp_path / "bad.json"
+    predictor.write_text(json.dumps(bad))
+    output = tmp_path / "sweep_out"
+    config = _write(tmp_path / "s.yaml", {
+        "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
+        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(predictor),
+    })
+    assert main(["sweep", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json" in err and "eps2" in err
+    assert not output.exists()
+
+
+def test_report_on_malformed_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A corrupt scheduler_state.json gives one error naming the file, not a traceback.
+    (tmp_path / "scheduler_state.json").write_text("{not json")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "scheduler_state.json" in capsys.readouterr().err
