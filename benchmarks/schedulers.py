@@ -56,7 +56,7 @@ from hpo.replay import (  # noqa: E402
     true_finals,
 )
 
-RAY_METHODS = ("collapse", "asha", "median")
+RAY_METHODS = ("collapse", "collapse-margin", "asha", "median")
 #: Per sweep, the CollapseScheduler's predictions table (filled by a run, for the markdown).
 collapse_tables: dict[str, str] = {}
 
@@ -78,6 +78,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    choices=[*RAY_METHODS, "current-best"], help="methods to run")
     p.add_argument("--loss-column", default="smoothed_loss",
                    help="bank column replayed as `loss` (smoothed_loss; train_loss only for old banks)")
+    p.add_argument("--margin", type=float, default=1.0,
+                   help="keep-margin of `collapse-margin`, in combined standard deviations")
     p.add_argument("--out", default="runs/benchmarks/schedulers", help="output directory")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray instance (1 per trial)")
     return p.parse_args(argv)
@@ -93,6 +95,13 @@ def make_scheduler(method: str, args: argparse.Namespace, predictor: Any, state_
         return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(args.rungs),
                                  reduction_factor=2, margin=0.0, decision_mode="sync",
                                  state_path=state_path)
+    if method == "collapse-margin":
+        # Keep every trial whose predicted final is within `--margin` combined standard
+        # deviations (alignment residual + calibrated decision error) at every rung.
+        state_path.unlink(missing_ok=True)
+        return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(args.rungs),
+                                 reduction_factor=2, margin={r: args.margin for r in args.rungs},
+                                 decision_mode="sync", state_path=state_path)
     if method == "asha":
         return ASHAScheduler(time_attr="train_fraction", max_t=1.0, grace_period=0.1, reduction_factor=2)
     if method == "median":
@@ -224,7 +233,7 @@ def run(args: argparse.Namespace) -> list[MethodOutcome]:
     ray_methods = [m for m in args.methods if m in RAY_METHODS]
 
     predictor = None
-    if "collapse" in ray_methods:
+    if any(m.startswith("collapse") for m in ray_methods):
         from predictors import Predictor
 
         predictor = Predictor.load(args.predictor)
@@ -284,7 +293,7 @@ def _run_sweeps(args: argparse.Namespace, bank: Path, frame: Any, finals: dict[s
         safe = re.sub(r"[^A-Za-z0-9_.=-]+", "_", sweep)
         for method in ray_methods:
             started = time.monotonic()
-            scheduler = make_scheduler(method, args, predictor, out / "states" / f"{safe}.collapse.json")
+            scheduler = make_scheduler(method, args, predictor, out / "states" / f"{safe}.{method}.json")
             reached, errors = replay_sweep(bank, run_ids, scheduler, name=f"{safe}-{method}",
                                            storage_path=storage, loss_column=args.loss_column)
             o = outcome_from_reached(sweep, method, reached, finals, noise.std,
