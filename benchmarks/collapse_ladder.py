@@ -122,6 +122,11 @@ def pairwise_table(title: str, labels: list[str], runs: list[dict[str, Any]], sm
     return differences
 
 
+def _indexed(item: tuple[int, dict]) -> tuple[int, Any]:
+    index, config = item
+    return index, train_curve(config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[64, 128, 192])
@@ -159,8 +164,15 @@ def main() -> None:
     ]
     configs = fixed_tau + fixed_lambda + seeds
     print(f"{len(configs)} runs, {args.jobs} at a time; TPP {args.tpp}, lr {args.lr}, base τ {args.tau}")
+    started = time.monotonic()
+    runs: list = [None] * len(configs)
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        runs = pool.map(train_curve, [c.model_dump() for c in configs], chunksize=1)
+        # A line per finished run: the default ladder takes about half an hour.
+        jobs = pool.imap_unordered(_indexed, list(enumerate(c.model_dump() for c in configs)))
+        for done, (index, run) in enumerate(jobs, start=1):
+            runs[index] = run
+            print(f"  [{done}/{len(configs)}] run {index} finished after "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
 
     n = len(args.widths)
     width_labels = [f"d={w}" for w in args.widths]
