@@ -23,6 +23,7 @@ from ray import tune
 
 from hpo.curve_bank import append_runs, bank_curves, curve_frame, load_bank, run_id_of
 from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+from hpo.sweep_config import merge_trial
 from hpo.trainable import CollapseTrainable, short_trial_dirname
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,14 +74,8 @@ class CalibrationConfig(BaseModel):
             grid = dict(grid) if "seed" in grid else {**grid, "seed": list(self.seeds)}
             keys = list(grid)
             for values in itertools.product(*(grid[k] for k in keys)):
-                trainer = json.loads(json.dumps(self.trainer))
                 overrides = dict(zip(keys, values))
-                if "weight_decay" in overrides:
-                    trainer.pop("tau", None)
-                if "tau" in overrides:
-                    trainer.pop("weight_decay", None)
-                trainer.update(overrides)
-                trainer["seed"] = int(trainer["seed"])
+                trainer = merge_trial(self.trainer, overrides)
                 try:
                     validated = TrainConfig.model_validate(trainer)
                 except ValidationError as exc:

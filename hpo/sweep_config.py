@@ -27,6 +27,24 @@ DEFAULT_PREDICTOR = REPO_ROOT / "configs" / "predictors" / "default.json"
 SEARCHABLE = ("lr", "batch_size", "weight_decay", "tau", "seed")
 
 
+def merge_trial(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A trial's trainer config: ``base`` with the searched values applied.
+
+    Searching ``weight_decay`` releases a fixed τ (τ then follows λ); searching ``tau``
+    replaces a fixed λ. Integer fields arrive as floats from some search spaces.
+    """
+    merged = copy.deepcopy(base)
+    if "weight_decay" in overrides:
+        merged.pop("tau", None)
+    if "tau" in overrides:
+        merged.pop("weight_decay", None)
+    merged.update({k: v for k, v in overrides.items() if not str(k).startswith("_")})
+    for key in ("batch_size", "seed"):
+        if key in merged:
+            merged[key] = int(merged[key])
+    return merged
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -173,13 +191,7 @@ class SweepConfig(_Strict):
         Searching ``weight_decay`` releases the fixed τ (τ then varies with λ); searching
         ``tau`` overrides it.
         """
-        merged = self.base_trainer()
-        if "weight_decay" in overrides:
-            merged.pop("tau", None)
-        if "tau" in overrides:
-            merged.pop("weight_decay", None)
-        merged.update(overrides)
-        return merged
+        return merge_trial(self.base_trainer(), overrides)
 
 
 def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dict] = None,

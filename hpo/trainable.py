@@ -17,6 +17,7 @@ from typing import Any
 
 from ray import tune
 
+from hpo.sweep_config import merge_trial
 from trainers.config import TrainConfig
 from trainers.train import Trainer
 
@@ -62,16 +63,7 @@ class CollapseTrainable(tune.Trainable):
 
     def _build(self, config: dict[str, Any]) -> None:
         """Build the trainer of the trial whose searched values are ``config``."""
-        merged = dict(self._base_trainer)
-        if "weight_decay" in config:
-            merged.pop("tau", None)
-        if "tau" in config:
-            merged.pop("weight_decay", None)
-        merged.update({k: v for k, v in config.items() if not k.startswith("_")})
-        if "batch_size" in merged:
-            merged["batch_size"] = int(merged["batch_size"])
-        if "seed" in merged:
-            merged["seed"] = int(merged["seed"])
+        merged = merge_trial(self._base_trainer, config)
         # One intra-op thread per reserved CPU: more would oversubscribe the node.
         cpus = max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
         merged.setdefault("threads", cpus)
