@@ -32,7 +32,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from hpo.scheduler_state import RungRecord, SchedulerState, TrialRecord
+from hpo.scheduler_state import RungRecord, SchedulerState, TrialRecord, finite_or_none
 
 STATE_FILE = "scheduler_state.json"
 PREDICTOR_FILE = "predictor.json"
@@ -123,7 +123,7 @@ def final_loss(rec: TrialRecord) -> Optional[float]:
     value = rec.final_metric
     if value is None and rec.history:
         value = rec.history[-1][1]
-    return _finite(value)
+    return finite_or_none(value)
 
 
 def clean_history(history: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -172,10 +172,10 @@ def predict(predictor: Any, t: np.ndarray, y: np.ndarray, controls: Any) -> Opti
         p = predictor.predict_final(t, y, controls)
     except Exception:  # noqa: BLE001 - too few points, bad curve, …: no prediction
         return None
-    final = _finite(getattr(p, "final_loss", None))
+    final = finite_or_none(getattr(p, "final_loss", None))
     if final is None:
         return None
-    unc = _finite(getattr(p, "uncertainty", None))
+    unc = finite_or_none(getattr(p, "uncertainty", None))
     return final, (unc if unc is not None else float("nan"))
 
 
@@ -212,7 +212,7 @@ def compute_fraction(
         fractions = {tid: reached_fraction(rec) for tid, rec in trials.items()}
     weights = {}
     for tid, rec in trials.items():
-        n, d = _finite(rec.n_params), _finite(rec.total_tokens)
+        n, d = finite_or_none(rec.n_params), finite_or_none(rec.total_tokens)
         weights[tid] = n * d if n is not None and d is not None and n > 0 and d > 0 else None
     weighted = all(w is not None for w in weights.values())
     total = sum(weights[t] if weighted else 1.0 for t in trials)
@@ -223,18 +223,8 @@ def compute_fraction(
 def reached_fraction(rec: TrialRecord) -> float:
     """The furthest t̂ a trial reached (last reported fraction or last history point)."""
     last = rec.history[-1][0] if rec.history else 0.0
-    value = max(_finite(rec.last_train_fraction) or 0.0, _finite(last) or 0.0)
+    value = max(finite_or_none(rec.last_train_fraction) or 0.0, finite_or_none(last) or 0.0)
     return 1.0 if rec.status == "completed" and value == 0.0 and rec.final_metric is not None else value
-
-
-def _finite(value: Any) -> Optional[float]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _fmt_value(value: Any) -> str:
@@ -246,7 +236,7 @@ def _fmt_value(value: Any) -> str:
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:
-    v = _finite(value)
+    v = finite_or_none(value)
     return "—" if v is None else format(v, spec)
 
 
@@ -321,7 +311,7 @@ class _Analysis:
         if self._is_audit():
             fr = {}
             for tid, rec in self.trials.items():
-                stop = _finite(rec.would_stop_at)
+                stop = finite_or_none(rec.would_stop_at)
                 fr[tid] = min(reached_fraction(rec), stop if stop is not None else 1.0)
             rep.compute_fraction_if_stopped, _ = compute_fraction(self.trials, fr)
 
@@ -369,7 +359,7 @@ class _Analysis:
             if recorded is not None and recorded in self.trials and not is_diverged(self.trials[recorded]):
                 pick, source = recorded, "decision log"
             else:
-                scored = [(v, tid) for tid in candidates if (v := _finite(value_of(entries[tid]))) is not None]
+                scored = [(v, tid) for tid in candidates if (v := finite_or_none(value_of(entries[tid]))) is not None]
                 pick = min(scored, key=lambda p: (p[0], _order_key(self.trials)(p[1])))[1] if scored else None
                 source = "recomputed from log entries" if pick is not None else "none"
                 if recorded is not None and recorded in self.trials and is_diverged(self.trials[recorded]):
@@ -537,7 +527,7 @@ def _write_plots(analysis: "_Analysis", report: Report, out: Path) -> None:
         if fin is not None:
             divisors[rec.trial_id] = (fin, "final")
             continue
-        latest = _finite((rec.latest_prediction or {}).get("final_loss"))
+        latest = finite_or_none((rec.latest_prediction or {}).get("final_loss"))
         if latest is None and not is_diverged(rec):
             t, y = analysis.curves[rec.trial_id]
             p = predict(analysis.predictor, t, y, controls_of(rec))
@@ -604,10 +594,10 @@ def render_markdown(report: Report, analysis: Optional["_Analysis"] = None) -> s
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in report.rows:
             pred = _fmt(r["predicted_final_loss"])
-            if _finite(r["uncertainty"]) is not None and pred != "—":
+            if finite_or_none(r["uncertainty"]) is not None and pred != "—":
                 pred += f" ± {r['uncertainty']:.4f}"
             regret = _fmt(r["regret"])
-            if _finite(r["regret_pct"]) is not None:
+            if finite_or_none(r["regret_pct"]) is not None:
                 regret += f" ({r['regret_pct']:.2f}%)"
             lines.append(
                 f"| {r['rung_fraction']:g} | {r['rung_status']} | {RULE_LABELS[r['rule']]} | "
@@ -638,7 +628,7 @@ def render_markdown(report: Report, analysis: Optional["_Analysis"] = None) -> s
         cfg = ea.get("config")
         cfg_text = config_label(cfg, analysis.labels_keys if analysis else list((cfg or {}).keys()), 200) \
             if isinstance(cfg, dict) else str(cfg)
-        unc = _finite(ea.get("uncertainty"))
+        unc = finite_or_none(ea.get("uncertainty"))
         lines.append(f"- Trial {ea.get('trial_id')} ({_md(cfg_text)}), announced at rung t̂ = {ea.get('rung')}")
         lines.append(f"- Predicted final loss {_fmt(ea.get('predicted_final_loss'))}"
                      + (f" ± {unc:.4f}" if unc is not None else ""))
@@ -698,7 +688,7 @@ def _md(text: str) -> str:
 
 
 def _fmt_pct(value: Any) -> str:
-    v = _finite(value)
+    v = finite_or_none(value)
     return "—" if v is None else f"{100 * v:.1f}%"
 
 

@@ -70,6 +70,7 @@ from hpo.scheduler_state import (
     RungRecord,
     SchedulerState,
     TrialRecord,
+    finite_or_none,
     json_safe,
     utc_now,
 )
@@ -90,17 +91,6 @@ _RAY_TO_STATUS = {
     Trial.TERMINATED: "completed",
     Trial.ERROR: "error",
 }
-
-
-def _finite(value: Any) -> Optional[float]:
-    """``value`` as a finite float, or None (missing, non-numeric, NaN, ±inf)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 def _ordinal(n: int) -> str:
@@ -470,8 +460,8 @@ class CollapseScheduler(FIFOScheduler):
             controls = Controls.from_mapping(rec.controls)
             arr = np.asarray(points, dtype=np.float64)
             pred = self._predictor.predict_final(arr[:, 0], arr[:, 1], controls)
-            final = _finite(getattr(pred, "final_loss", None))
-            sigma = _finite(getattr(pred, "uncertainty", None))
+            final = finite_or_none(getattr(pred, "final_loss", None))
+            sigma = finite_or_none(getattr(pred, "uncertainty", None))
         except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
             logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, exc)
             if self._strict:
@@ -827,7 +817,7 @@ class CollapseScheduler(FIFOScheduler):
 
         Returns (t̂ or None if missing, diverged?). Finite points are appended to the history.
         """
-        t = _finite(result.get(self._time_attr))
+        t = finite_or_none(result.get(self._time_attr))
         if t is None:
             self._warn_once(
                 "time_attr", "CollapseScheduler: result without a finite %r; ignoring it (keys: %s)",
@@ -836,7 +826,7 @@ class CollapseScheduler(FIFOScheduler):
             return None, False
         rec.last_train_fraction = max(rec.last_train_fraction, t) if rec.history else t
         for key in ("n_params", "total_tokens"):
-            value = _finite(result.get(key))
+            value = finite_or_none(result.get(key))
             if value is not None and value > 0:
                 setattr(rec, key, value)
         try:
@@ -847,7 +837,7 @@ class CollapseScheduler(FIFOScheduler):
         if self._metric not in result:
             self._warn_once("metric", "CollapseScheduler: result without %r; ignoring it", self._metric)
             return None, False
-        value = _finite(result.get(self._metric))
+        value = finite_or_none(result.get(self._metric))
         if value is None or bool(result.get("diverged", False)):
             rec.status = "diverged"
             rec.diverged_at = t

@@ -102,6 +102,18 @@ def json_safe(value: Any) -> Any:
     return repr(value)
 
 
+def finite_or_none(value: Any) -> Optional[float]:
+    """``value`` as a finite float, or None (missing, non-numeric, NaN, ±inf). Lenient: for
+    reading results and records; loading the state file itself uses the strict ``_opt_float``."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
 def _opt_float(value: Any) -> Optional[float]:
     if value is None:
         return None
