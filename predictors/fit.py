@@ -158,25 +158,18 @@ def _chunks(k: int, per: int, budget: int = 2_000_000) -> range:
     return range(0, k, max(1, budget // max(per, 1)))
 
 
-def _table_b(d: _Data, log_b: np.ndarray, q: np.ndarray, m: float) -> np.ndarray:
-    """MAE_i(b) for each b in exp(log_b) with q_i fixed → (K, C)."""
-    n, g = d.ell.shape
-    out = np.empty((log_b.size, n))
-    step = _chunks(log_b.size, n * g).step
-    for k in range(0, log_b.size, step):
-        bk = np.exp(log_b[k : k + step])[:, None] * np.ones(n)
-        out[k : k + step] = _curve_mae(d, bk, np.broadcast_to(q, bk.shape), m)
-    return out
+def _table(d: _Data, log_axis: np.ndarray, fixed: np.ndarray, m: float, vary: str) -> np.ndarray:
+    """MAE_i(x) for each x in exp(log_axis), the other parameter fixed per curve → (K, C).
 
-
-def _table_q(d: _Data, log_q: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
-    """MAE_i(q) for each q in exp(log_q) with b_i fixed → (K, C)."""
+    ``vary`` is ``"b"`` (``fixed`` holds q_i) or ``"q"`` (``fixed`` holds b_i).
+    """
     n, g = d.ell.shape
-    out = np.empty((log_q.size, n))
-    step = _chunks(log_q.size, n * g).step
-    for k in range(0, log_q.size, step):
-        qk = np.exp(log_q[k : k + step])[:, None] * np.ones(n)
-        out[k : k + step] = _curve_mae(d, np.broadcast_to(b, qk.shape), qk, m)
+    out = np.empty((log_axis.size, n))
+    step = _chunks(log_axis.size, n * g).step
+    for k in range(0, log_axis.size, step):
+        xk = np.exp(log_axis[k : k + step])[:, None] * np.ones(n)
+        other = np.broadcast_to(fixed, xk.shape)
+        out[k : k + step] = _curve_mae(d, xk, other, m) if vary == "b" else _curve_mae(d, other, xk, m)
     return out
 
 
@@ -293,7 +286,7 @@ def fit(
         before = best
         # (b_const, b_exp) with q fixed.
         q_now = p[2] * d.tpp ** p[3]
-        table = _table_b(d, log_b_axis, q_now, mm)
+        table = _table(d, log_b_axis, q_now, mm, "b")
         lc, e = _grid_pair(table, log_b_axis, d.tau, bounds.b_const, bounds.b_exp, free_b_exp, grid_size)
         cand = np.array([math.exp(lc), e, p[2], p[3]])
         score = float(per_curve(cand, mm).mean())
@@ -301,7 +294,7 @@ def fit(
             p, best = cand, score
         # (q_const, q_exp) with b fixed.
         b_now = p[0] * d.tau ** p[1]
-        table = _table_q(d, log_q_axis, b_now, mm)
+        table = _table(d, log_q_axis, b_now, mm, "q")
         lc, e = _grid_pair(table, log_q_axis, d.tpp, bounds.q_const, bounds.q_exp, free_q_exp, grid_size)
         cand = np.array([p[0], p[1], math.exp(lc), e])
         score = float(per_curve(cand, mm).mean())
@@ -390,13 +383,13 @@ def _oracle(
     lb, lq, best = np.log(b0), np.log(q0), mae0.copy()
     # Coordinate search on the tables (exact values at table points).
     for _ in range(4):
-        table = _table_b(d, log_b_axis, np.exp(lq), m)
+        table = _table(d, log_b_axis, np.exp(lq), m, "b")
         k = np.argmin(table, axis=0)
         cand = table[k, np.arange(table.shape[1])]
         better = cand < best
         lb = np.where(better, log_b_axis[k], lb)
         best = np.where(better, cand, best)
-        table = _table_q(d, log_q_axis, np.exp(lb), m)
+        table = _table(d, log_q_axis, np.exp(lb), m, "q")
         k = np.argmin(table, axis=0)
         cand = table[k, np.arange(table.shape[1])]
         better = cand < best
