@@ -592,19 +592,22 @@ class CollapseScheduler(FIFOScheduler):
         if trigger or tc is None:
             return
         trial = next((t for t in tc.get_trials() if t.trial_id == rec.trial_id), None)
-        if trial is None:
-            return
+        if trial is not None:
+            self._terminate(tc, trial)
+        # A RUNNING trial (not the trigger) gets STOP on its next result; TERMINATED/ERROR: done.
+
+    def _terminate(self, tc: "TuneController", trial: Trial) -> None:
+        """Have the controller end a PAUSED/PENDING (or saving) trial we have stopped."""
         if trial.status in (Trial.PAUSED, Trial.PENDING) or trial.is_saving:
             self._deciding = True
             try:
                 tc.stop_trial(trial)
             except Exception:  # noqa: BLE001
-                logger.exception("CollapseScheduler: stop_trial failed for %s", rec.trial_id)
+                logger.exception("CollapseScheduler: stop_trial failed for %s", trial.trial_id)
                 if self._strict:
                     raise
             finally:
                 self._deciding = False
-        # A RUNNING trial (not the trigger) gets STOP on its next result; TERMINATED/ERROR: done.
 
     def _rung_ready(self, r: int) -> bool:
         rung = self._state.rungs[r]
@@ -719,6 +722,11 @@ class CollapseScheduler(FIFOScheduler):
             "CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
             fraction, self._decision_mode, len(survivors), len(participants), rung.survivors,
         )
+        # Mark the losers stopped before the decision is persisted: a driver killed between
+        # the save and the controller's stop calls must not restore a decided rung whose
+        # losers still look alive.
+        for rec in to_stop:
+            rec.status, rec.stopped_at = "stopped", fraction
         if last:
             self._emit_early_answer(r)
         self._persist(force=True)
@@ -931,6 +939,14 @@ class CollapseScheduler(FIFOScheduler):
         """PENDING trials first, then PAUSED survivors; never a trial waiting at an undecided
         rung, nor one the scheduler has stopped."""
         trials = list(tune_controller.get_trials())
+        for trial in trials:
+            rec = self._state.trials.get(trial.trial_id)
+            if rec is not None and rec.status in ("stopped", "diverged") and trial.status in (
+                Trial.PENDING, Trial.PAUSED
+            ):
+                # Stopped by a decision that Ray's own experiment state had not caught up with
+                # when the driver died: end it now, or the restored sweep would wait on it.
+                self._guard(self._terminate, None, tune_controller, trial)
         for trial in trials:
             if trial.status == Trial.PENDING and self._may_run(trial):
                 return trial

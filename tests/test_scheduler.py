@@ -553,6 +553,56 @@ def test_restore_keeps_decisions(tmp_path):
         assert restored.choose_trial_to_run(ctl2).trial_id in ("t1", "t4")  # PENDING, not t3
 
 
+# Asserts: when a rung's decision reaches disk its losers are already marked stopped, so a
+# driver killed before the controller's stop calls cannot resurrect them on resume.
+def test_decision_is_saved_with_its_losers_stopped(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    s = sched(state_path=path)
+    trials = six_trials()
+    ctl = FakeController(s, trials)
+    on_disk_at_stop: dict[str, str] = {}
+    plain_stop = ctl.stop_trial
+
+    def stop_and_look(trial: Trial) -> None:
+        saved = json.loads(path.read_text())
+        on_disk_at_stop[trial.trial_id] = saved["trials"][trial.trial_id]["status"]
+        plain_stop(trial)
+
+    ctl.stop_trial = stop_and_look  # type: ignore[method-assign]
+    for t in trials:
+        ctl.start(t)
+    for _ in range(2):
+        for t in trials:
+            ctl.step(t)
+    assert s.state.rungs[0].decided
+    assert on_disk_at_stop and set(on_disk_at_stop.values()) == {"stopped"}
+
+
+# Asserts: a trial the saved state has stopped but Ray restores as PENDING is ended, never run,
+# so a resumed sweep does not wait on it forever.
+def test_restored_stopped_trial_is_terminated_not_run(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    s = sched(state_path=path)
+    trials = six_trials()
+    ctl = FakeController(s, trials)
+    for t in trials:
+        ctl.start(t)
+    for _ in range(2):
+        for t in trials:
+            ctl.step(t)
+    s.flush()
+    stopped = {tid for tid, rec in s.state.trials.items() if rec.status == "stopped"}
+    assert stopped
+    restored = sched(state_path=path)
+    fresh = [stub(t.trial_id, **t.config) for t in trials]  # all PENDING, as after a hard kill
+    ctl2 = FakeController(restored, fresh)
+    chosen = restored.choose_trial_to_run(ctl2)
+    assert chosen is not None and chosen.trial_id not in stopped
+    assert set(ctl2.stop_calls) == stopped
+    assert all(t.status == Trial.TERMINATED for t in fresh if t.trial_id in stopped)
+    assert all(restored.state.trials[tid].status == "stopped" for tid in stopped)
+
+
 # Asserts: a state file written with other rungs or another mode is refused; a malformed one names the file.
 def test_restore_refuses_mismatched_or_malformed_state(tmp_path):
     path = tmp_path / "scheduler_state.json"
