@@ -47,9 +47,16 @@ class CalibrationConfig(BaseModel):
     # One grid (a mapping of trainer field → values, expanded as a cartesian product) or a
     # list of grids whose runs are pooled; a grid may list `seed` itself, else `seeds` apply.
     grid: Union[dict[str, list[Any]], list[dict[str, list[Any]]]] = Field(default_factory=dict)
+    # Named grids (for example the audit sweeps: name → grid), pooled with `grid` for training;
+    # a run shared by several sweeps is trained once. Evaluation scripts read the names.
+    sweeps: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0])
+    # Replicates independent in data order too: each run's data.data_seed = its seed. Within
+    # one seed every run still sees the same stream (paired comparisons).
+    data_seed_from_seed: bool = False
     bank: str = "configs/calibration/bank.parquet"
-    predictor_out: str = "configs/predictors/calibrated.json"
+    # None: bank the curves only, fit and write nothing (held-out studies such as transfer).
+    predictor_out: Optional[str] = "configs/predictors/calibrated.json"
     output_dir: Optional[str] = None
     fit: FitSettings = Field(default_factory=FitSettings)
     cpus_per_run: float = 1.0
@@ -60,22 +67,41 @@ class CalibrationConfig(BaseModel):
     @classmethod
     def _non_empty(cls, grid: Any) -> Any:
         for one in grid if isinstance(grid, list) else [grid]:
-            for key, values in one.items():
-                if not isinstance(values, list) or not values:
-                    raise ValueError(f"{key}: list at least one value")
+            cls._check_grid(one)
         return grid
 
-    def runs(self) -> list[dict[str, Any]]:
-        """Every resolved trainer config of the calibration (validated, duplicates removed)."""
+    @field_validator("sweeps")
+    @classmethod
+    def _non_empty_sweeps(cls, sweeps: Any) -> Any:
+        for one in sweeps.values():
+            cls._check_grid(one)
+        return sweeps
+
+    @staticmethod
+    def _check_grid(one: dict[str, Any]) -> None:
+        for key, values in one.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{key}: list at least one value")
+
+    def grids(self) -> list[dict[str, list[Any]]]:
+        """The unnamed grids then the named sweeps' grids, in file order."""
+        unnamed = self.grid if isinstance(self.grid, list) else [self.grid]
+        return [g for g in unnamed if g] + list(self.sweeps.values())
+
+    def runs(self, grids: Optional[list[dict[str, list[Any]]]] = None) -> list[dict[str, Any]]:
+        """Every resolved trainer config of ``grids`` (default: all of the calibration's),
+        validated, duplicates removed."""
         from trainers.config import TrainConfig
 
         configs: dict[str, dict[str, Any]] = {}
-        for grid in self.grid if isinstance(self.grid, list) else [self.grid]:
+        for grid in self.grids() if grids is None else grids:
             grid = dict(grid) if "seed" in grid else {**grid, "seed": list(self.seeds)}
             keys = list(grid)
             for values in itertools.product(*(grid[k] for k in keys)):
                 overrides = dict(zip(keys, values))
                 trainer = merge_trial(self.trainer, overrides)
+                if self.data_seed_from_seed:
+                    trainer["data"] = {**trainer.get("data", {}), "data_seed": trainer.get("seed", 0)}
                 try:
                     validated = TrainConfig.model_validate(trainer)
                 except ValidationError as exc:
@@ -352,10 +378,17 @@ def _plot_normalized(curves: list, predictor: Any, path: Path) -> None:
 def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool = False) -> dict[str, Any]:
     config = load_calibration_config(config_path, overrides)
     bank_path = _resolve(config.bank)
-    predictor_path = _resolve(config.predictor_out)
     if not fit_only:
         added = run_reference_curves(config, bank_path, config.name)
         print(f"calibration: banked {added} new curves in {bank_path}")
+    if config.predictor_out is None:
+        frame = load_bank(bank_path)
+        wanted = {run_id_of(c) for c in config.runs()}
+        n = int(frame["run_id"].isin(wanted).sum()) if len(frame) else 0
+        print(f"calibration {config.name!r}: bank only (predictor_out is null); "
+              f"{n} of {len(wanted)} runs in {bank_path}")
+        return {"bank": str(bank_path), "n_banked": n, "n_runs": len(wanted), "predictor": None}
+    predictor_path = _resolve(config.predictor_out)
     summary = fit_from_bank(config, bank_path, predictor_path)
     _log_mlflow(config, summary, bank_path)
     return summary

@@ -69,6 +69,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hpo.calibrate import calibrate
 
     summary = calibrate(args.config, tuple(args.set or []), fit_only=args.fit_only)
+    if summary.get("predictor") is None:
+        return 0  # a bank-only calibration (predictor_out: null) printed its own summary
     print(f"calibration: {summary['n_curves']} curves, chosen mode {summary['chosen_mode']}")
     for mode, info in summary["modes"].items():
         print(f"  {mode}: fit MAE {100 * info['fit_mae']:.2f}%, oracle MAE {100 * info['oracle_mae']:.2f}%")

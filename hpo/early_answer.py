@@ -51,7 +51,10 @@ def format_early_answer(answer: dict[str, Any]) -> str:
         f"trial {answer.get('trial_id')} ({config})",
         f"  predicted final loss {answer.get('predicted_final_loss'):.4f} "
         f"± {answer.get('uncertainty'):.4f}"
-        + (f"; kept within margin {margin}" if margin not in (None, 0, 0.0) else ""),
+        + (f"; keep-margin {answer['margin_text']}" if answer.get("margin_text")
+           else f"; kept within margin {margin}" if margin not in (None, 0, 0.0) else ""),
+        *([f"  the calibrated error exceeded the spread of predicted finals: kept all "
+           f"{len(answer.get('kept') or [])} trials"] if answer.get("kept_all") else []),
         f"  compute spent so far: {100 * float(answer.get('compute_fraction', 0.0)):.1f}% "
         "of the full sweep",
         "",

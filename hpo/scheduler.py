@@ -5,7 +5,8 @@ smoothed loss curve is handed to a predictor (``predict_final(t_hat, loss, contr
 §5 step 5) and the trials are ranked by their predicted final loss, not by their current loss
 (paper §4/§5: "predicted best" beats "current best"). At intermediate rungs the best
 ⌈n/reduction_factor⌉ continue; at the last rung only the predicted best continues, plus any
-trial within ``margin`` combined standard deviations of it.
+trial the predictor cannot honestly rank below it: by default every trial whose predicted final
+lies within the predictor's calibrated error at that fraction of the best (``margin``).
 
 Three decision modes:
 
@@ -123,13 +124,21 @@ class CollapseScheduler(FIFOScheduler):
         rungs: the decision fractions, strictly increasing in (0, 1].
         reduction_factor: at intermediate rungs the best ⌈n/reduction_factor⌉ trials
             continue. Must be > 1.
-        margin: keep-margin in combined standard deviations. At the last rung the scheduler
-            keeps the predicted best trial b plus every trial j with
-            ``pred_j − pred_b ≤ margin·sqrt(σ_j² + σ_b²)``; 0 keeps exactly one (ties broken
-            by the loss at the rung, then trial id). A float applies to the last rung only.
-            A mapping ``{rung_fraction: margin}`` sets per-rung margins; at an intermediate
-            rung a positive margin additionally keeps trials within that margin of the
-            ⌈n/rf⌉-th best. Rungs missing from the mapping use 0.
+        margin: the keep-margin. ``"calibrated"`` (default): at every rung s, a relative
+            margin e(s)·``margin_scale`` where e(s) is the predictor's calibrated decision
+            error (``Predictor.decision_error``: the measured relative error of final losses
+            predicted from the first s of held-out curves). Besides the rule's survivors
+            (⌈n/rf⌉ at intermediate rungs, the best at the last) every trial whose predicted
+            final lies within e(s)·|pred_b| of the predicted best b is kept; when the spread
+            of all predicted finals is within it, everyone is kept and the log says so. A
+            predictor without ``decision_error`` gives margin 0 (with a warning).
+            A number: margin in combined standard deviations, at the last rung only: keep b
+            plus every j with ``pred_j − pred_b ≤ margin·sqrt(σ_j² + σ_b²)``; 0 keeps exactly
+            one (ties broken by the loss at the rung, then trial id). A mapping
+            ``{rung_fraction: margin}`` sets per-rung σ margins; at an intermediate rung a
+            positive one additionally keeps trials within it of the ⌈n/rf⌉-th best. Rungs
+            missing from the mapping use 0.
+        margin_scale: multiplies the calibrated margin (ignored for σ margins); 0 turns it off.
         decision_mode: ``"sync"`` (pause until every live trial reaches the rung, then
             decide), ``"async"`` (ASHA-like, no pausing) or ``"audit"`` (never stop; record
             what sync would have done).
@@ -164,7 +173,8 @@ class CollapseScheduler(FIFOScheduler):
         time_attr: str = "train_fraction",
         rungs: Sequence[float] = (0.1, 0.2, 0.3),
         reduction_factor: float = 2,
-        margin: Union[float, Mapping[float, float]] = 0.0,
+        margin: Union[str, float, Mapping[float, float]] = "calibrated",
+        margin_scale: float = 1.0,
         decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
@@ -189,7 +199,20 @@ class CollapseScheduler(FIFOScheduler):
             raise ValueError(f"decision_mode: must be one of {DECISION_MODES}, got {decision_mode!r}")
         if int(min_points) < 1:
             raise ValueError(f"min_points: must be >= 1, got {min_points!r}")
-        self._margins = self._parse_margin(margin, fractions)
+        if not (float(margin_scale) >= 0.0 and math.isfinite(float(margin_scale))):
+            raise ValueError(f"margin_scale: must be a finite number >= 0, got {margin_scale!r}")
+        self._margin_scale = float(margin_scale)
+        if isinstance(margin, str):
+            if margin != "calibrated":
+                raise ValueError(f"margin: must be 'calibrated', a number >= 0 or a mapping, got {margin!r}")
+            self._margin_kind = "calibrated"
+            self._margins = [0.0] * len(fractions)
+            self._rel_margins, self._margin_source = self._calibrated_margins(predictor, fractions)
+        else:
+            self._margin_kind = "sigma"
+            self._margins = self._parse_margin(margin, fractions)
+            self._rel_margins = [None] * len(fractions)
+            self._margin_source = "margin in combined standard deviations"
 
         self._predictor = predictor
         self._metric = metric
@@ -217,6 +240,26 @@ class CollapseScheduler(FIFOScheduler):
         self._load_existing()
 
     # ------------------------------------------------------------------ settings
+
+    def _calibrated_margins(self, predictor: Any, fractions: list[float]) -> tuple[list[float], str]:
+        """Relative keep-margins e(s)·margin_scale from the predictor's calibrated decision error.
+
+        e(s) is the measured relative error of the final loss predicted from the first s of
+        held-out reference curves (``Predictor.decision_error``, leave-one-out RMS for the
+        shipped default); a trial whose predicted final lies within it of the best cannot be
+        told apart from the best honestly, so it is kept.
+        """
+        error = getattr(predictor, "decision_error", None)
+        if error is None or not callable(getattr(error, "at", None)):
+            logger.warning(
+                "CollapseScheduler: margin='calibrated' but the predictor carries no decision_error; "
+                "using margin 0 (keep exactly the rule's survivors)"
+            )
+            return [0.0] * len(fractions), "predictor has no calibrated decision error: margin 0"
+        rel = [float(error.at(f)) * self._margin_scale for f in fractions]
+        how = f"{getattr(error, 'source', 'calibrated')} {getattr(error, 'statistic', '')}".strip()
+        scale = f" × {self._margin_scale:g}" if self._margin_scale != 1.0 else ""
+        return rel, f"calibrated decision error of the predictor ({how}, {getattr(error, 'n_curves', '?')} curves){scale}"
 
     @staticmethod
     def _parse_margin(margin: Any, fractions: list[float]) -> list[float]:
@@ -277,11 +320,12 @@ class CollapseScheduler(FIFOScheduler):
         return self._state
 
     def _settings(self) -> dict[str, Any]:
-        margin = (
-            {f"{f:g}": m for f, m in zip(self._rungs, self._margins)}
-            if isinstance(self._margin_arg, Mapping)
-            else float(self._margin_arg)
-        )
+        if self._margin_kind == "calibrated":
+            margin: Any = "calibrated"
+        elif isinstance(self._margin_arg, Mapping):
+            margin = {f"{f:g}": m for f, m in zip(self._rungs, self._margins)}
+        else:
+            margin = float(self._margin_arg)
         return {
             "metric": self._metric,
             "mode": self._mode,
@@ -289,6 +333,8 @@ class CollapseScheduler(FIFOScheduler):
             "rungs": list(self._rungs),
             "reduction_factor": self._rf,
             "margin": margin,
+            "margin_scale": self._margin_scale,
+            "margin_relative": [None if m is None else float(m) for m in self._rel_margins],
             "decision_mode": self._decision_mode,
             "min_points": self._min_points,
         }
@@ -296,7 +342,8 @@ class CollapseScheduler(FIFOScheduler):
     def _fresh_state(self) -> SchedulerState:
         return SchedulerState(
             settings=self._settings(),
-            rungs=[RungRecord(index=i, fraction=f, margin=self._margins[i]) for i, f in enumerate(self._rungs)],
+            rungs=[RungRecord(index=i, fraction=f, margin=self._margins[i], margin_relative=self._rel_margins[i])
+                   for i, f in enumerate(self._rungs)],
         )
 
     # ------------------------------------------------------------------ persistence
@@ -396,6 +443,15 @@ class CollapseScheduler(FIFOScheduler):
     @staticmethod
     def _combined_sigma(a: Optional[float], b: Optional[float]) -> float:
         return math.sqrt((a or 0.0) ** 2 + (b or 0.0) ** 2)
+
+    def _allowed_gap(self, r: int, entry: RungEntry, anchor: RungEntry) -> tuple[float, str]:
+        """How far (loss units) ``entry`` may trail ``anchor`` at rung ``r`` and be kept, and
+        the margin's words for the decision log."""
+        rel = self._rel_margins[r]
+        if rel is not None:
+            return rel * abs(anchor.predicted_final_loss or 0.0), f"calibrated margin {100 * rel:.2f}%"
+        margin = self._margins[r]
+        return margin * self._combined_sigma(entry.uncertainty, anchor.uncertainty), f"margin {margin:g}σ"
 
     def _ensure(self, trial: Trial) -> TrialRecord:
         rec = self._state.trials.get(trial.trial_id)
@@ -510,19 +566,18 @@ class CollapseScheduler(FIFOScheduler):
         me = _fmt(entry.predicted_final_loss, entry.uncertainty)
         if not recorded:
             return True, f"predicted {me}; first prediction recorded at this rung"
-        margin = self._margins[r]
+        best = min(recorded, key=self._rank_key)
         if self._is_last(r):
-            best = min(recorded, key=self._rank_key)
             gap = self._badness(entry.predicted_final_loss) - self._badness(best.predicted_final_loss)
-            allowed = margin * self._combined_sigma(entry.uncertainty, best.uncertainty)
+            allowed, words = self._allowed_gap(r, entry, best)
             best_s = _fmt(best.predicted_final_loss, best.uncertainty)
             if gap <= 0:
                 return True, f"predicted {me} is at least as good as the best recorded {best_s} ({best.trial_id})"
             if gap <= allowed:
                 return True, (f"predicted {me} is {gap:.4f} worse than the best recorded {best_s} "
-                              f"({best.trial_id}), within margin {margin:g}σ = {allowed:.4f}")
+                              f"({best.trial_id}), within {words} = {allowed:.4f}")
             return False, (f"predicted {me} is {gap:.4f} worse than the best recorded {best_s} "
-                           f"({best.trial_id}); margin {margin:g}σ = {allowed:.4f}")
+                           f"({best.trial_id}); {words} = {allowed:.4f}")
         ranked = sorted(recorded + [entry], key=self._rank_key)
         n = len(ranked)
         k = math.ceil(n / self._rf)
@@ -530,12 +585,14 @@ class CollapseScheduler(FIFOScheduler):
         text = f"predicted {me} is {_ordinal(rank + 1)} of {n} recorded; keeping top {k}"
         if rank < k:
             return True, text
-        if margin > 0:
-            kth = ranked[k - 1]
-            gap = self._badness(entry.predicted_final_loss) - self._badness(kth.predicted_final_loss)
-            allowed = margin * self._combined_sigma(entry.uncertainty, kth.uncertainty)
-            if gap <= allowed:
-                return True, text + f", and within margin {margin:g}σ of #{k}"
+        # A calibrated margin is measured from the best (a trial within the prediction error
+        # of the best cannot be ranked below it honestly); a σ margin from the k-th.
+        anchor = ranked[0] if self._rel_margins[r] is not None else ranked[k - 1]
+        allowed, words = self._allowed_gap(r, entry, anchor)
+        gap = self._badness(entry.predicted_final_loss) - self._badness(anchor.predicted_final_loss)
+        if allowed > 0 and gap <= allowed:
+            where = "the best" if anchor is ranked[0] else f"#{k}"
+            return True, text + f", and within {words} of {where}"
         return False, text
 
     def _enter_rungs(self, tc: Optional["TuneController"], rec: TrialRecord, trigger: bool) -> bool:
@@ -639,7 +696,6 @@ class CollapseScheduler(FIFOScheduler):
         rung = self._state.rungs[r]
         fraction = self._rungs[r]
         last = self._is_last(r)
-        margin = self._margins[r]
         now = utc_now()
         compute = self.compute_fraction()
         entries = [e for e in rung.entries.values() if e.decision == "pending"]
@@ -655,6 +711,8 @@ class CollapseScheduler(FIFOScheduler):
         n = len(predictable)
         keep: list[RungEntry] = []
         reasons: dict[str, str] = {}
+        kept_all = False
+        calibrated = self._rel_margins[r] is not None
         if n:
             best = predictable[0]
             best_s = _fmt(best.predicted_final_loss, best.uncertainty)
@@ -666,26 +724,43 @@ class CollapseScheduler(FIFOScheduler):
             else:
                 cut = math.ceil(n / self._rf)
                 keep = predictable[:cut]
-                anchor = predictable[cut - 1]
+                # A calibrated margin is measured from the best; a σ margin from the cut.
+                anchor = best if calibrated else predictable[cut - 1]
+            spread = self._badness(predictable[-1].predicted_final_loss) - self._badness(best.predicted_final_loss)
+            rel = self._rel_margins[r]
+            if calibrated and rel and n > 1 and spread <= rel * abs(best.predicted_final_loss):
+                # The predicted finals differ by less than the predictor's measured error at
+                # this fraction: no honest ranking exists, so nobody is stopped.
+                kept_all = True
+                keep = list(predictable)
+                for e in predictable:
+                    reasons[e.trial_id] = (
+                        f"predicted {_fmt(e.predicted_final_loss, e.uncertainty)}; calibrated error "
+                        f"{100 * rel:.2f}% exceeds the spread {100 * spread / abs(best.predicted_final_loss):.2f}% "
+                        f"of the {n} predicted finals: keeping everyone"
+                    )
             for i, e in enumerate(predictable):
+                if kept_all:
+                    break
                 me = _fmt(e.predicted_final_loss, e.uncertainty)
                 if not last:
                     reasons[e.trial_id] = f"predicted {me} is {_ordinal(i + 1)} of {n}; keeping top {cut}"
                 if i < cut:
                     continue
                 gap = self._badness(e.predicted_final_loss) - self._badness(anchor.predicted_final_loss)
-                allowed = margin * self._combined_sigma(e.uncertainty, anchor.uncertainty)
-                within = margin > 0 and gap <= allowed
+                allowed, words = self._allowed_gap(r, e, anchor)
+                within = allowed > 0 and gap <= allowed
                 if within:
                     keep.append(e)
                 if last:
                     tie = " (tie broken by the loss at the rung, then trial id)" if gap == 0 else ""
                     reasons[e.trial_id] = (
                         f"predicted {me} is {gap:.4f} worse than the best {best_s} ({best.trial_id}); "
-                        f"margin {margin:g}σ = {allowed:.4f}{tie}" + ("; keeping near-tie" if within else "")
+                        f"{words} = {allowed:.4f}{tie}" + ("; keeping near-tie" if within else "")
                     )
                 elif within:
-                    reasons[e.trial_id] += f", but within margin {margin:g}σ of #{cut}"
+                    where = "the best" if calibrated else f"#{cut}"
+                    reasons[e.trial_id] += f", but within {words} of {where}"
         kept_ids = {e.trial_id for e in keep}
         survivors: list[str] = []
         to_stop: list[TrialRecord] = []
@@ -713,7 +788,9 @@ class CollapseScheduler(FIFOScheduler):
         rung.decided_at = now
         rung.n_participants = len(participants)
         rung.n_keep = len(survivors)
-        rung.margin = margin
+        rung.margin = self._margins[r]
+        rung.margin_relative = self._rel_margins[r]
+        rung.kept_all = kept_all
         rung.survivors = sorted(survivors, key=lambda t: self._state.trials[t].order)
         rung.predicted_best = predictable[0].trial_id if predictable else None
         rung.current_best = current.trial_id if current else None
@@ -748,7 +825,10 @@ class CollapseScheduler(FIFOScheduler):
             "config": rec.config,
             "predicted_final_loss": best.predicted_final_loss,
             "uncertainty": best.uncertainty,
-            "margin": self._margins[r],
+            "margin": self._margins[r] if self._rel_margins[r] is None else self._rel_margins[r],
+            "margin_kind": "relative" if self._rel_margins[r] is not None else "sigma",
+            "margin_text": self.margin_text(r),
+            "kept_all": bool(rung.kept_all),
             "compute_fraction": self.compute_fraction(),
             "rung": self._rungs[r],
             "kept": list(rung.survivors),
@@ -1063,11 +1143,21 @@ class CollapseScheduler(FIFOScheduler):
             "early_answer": self._state.early_answer,
         })
 
+    def margin_text(self, r: int, short: bool = False) -> str:
+        """The keep-margin at rung ``r`` in words (stated with the early answer and in logs)."""
+        rel = self._rel_margins[r]
+        if rel is None:
+            return f"{self._margins[r]:g}σ" if short else f"{self._margins[r]:g} combined standard deviations"
+        if short:
+            return f"{100 * rel:.2f}%"
+        return (f"{100 * rel:.2f}% of the predicted best at t̂ = {self._rungs[r]:g} "
+                f"({self._margin_source})")
+
     def debug_string(self) -> str:
         """One header line, then a line per rung: decided? survivors."""
         recs = list(self._state.trials.values())
         count = {s: sum(r.status == s for r in recs) for s in ("stopped", "diverged", "completed", "error")}
-        margin = ",".join(f"{m:g}" for m in self._margins)
+        margin = ",".join(self.margin_text(i, short=True) for i in range(len(self._rungs)))
         lines = [
             f"Using CollapseScheduler ({self._decision_mode}; {self._metric} {self._mode}; "
             f"rf={self._rf:g}; margin={margin}): {len(recs)} trials, {count['stopped']} stopped, "

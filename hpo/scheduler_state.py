@@ -21,14 +21,14 @@ Schema (``version`` 1)::
     {
       "version": 1,
       "settings": {"metric", "mode", "time_attr", "rungs", "reduction_factor",
-                   "margin", "decision_mode", "min_points"},
+                   "margin", "margin_scale", "margin_relative", "decision_mode", "min_points"},
       "trials": {trial_id: {"trial_id", "order", "config", "controls", "history": [[t, loss], ...],
                             "status", "stopped_at", "would_stop_at", "diverged_at",
                             "final_metric", "last_train_fraction", "n_params", "total_tokens",
                             "latest_prediction": {"rung", "train_fraction", "final_loss",
                                                   "uncertainty"} | null}},
       "rungs": [{"index", "fraction", "decided", "decided_at", "n_participants", "n_keep",
-                 "margin", "survivors", "predicted_best", "current_best", "compute_fraction",
+                 "margin", "margin_relative", "kept_all", "survivors", "predicted_best", "current_best", "compute_fraction",
                  "entries": {trial_id: {"trial_id", "train_fraction", "smoothed_loss",
                                         "n_points", "predicted_final_loss", "uncertainty",
                                         "decision", "reason", "late", "decided_at",
@@ -180,7 +180,10 @@ class RungRecord:
         n_participants: trials ranked at the decision.
         n_keep: how many the rule kept (⌈n/rf⌉ at intermediate rungs; at the last rung the
             predicted best plus those within the margin).
-        margin: the margin (in combined standard deviations) used at this rung.
+        margin: the σ margin (in combined standard deviations) used at this rung.
+        margin_relative: the calibrated relative margin used at this rung (None for σ margins).
+        kept_all: True when the calibrated error exceeded the spread of the predicted finals
+            and everyone was kept.
         survivors: ids of the trials kept at the decision (late arrivals append).
         predicted_best: id of the trial with the best predicted final loss at the rung.
         current_best: id of the trial with the best smoothed loss at the rung.
@@ -195,6 +198,8 @@ class RungRecord:
     n_participants: int = 0
     n_keep: int = 0
     margin: float = 0.0
+    margin_relative: Optional[float] = None
+    kept_all: bool = False
     survivors: list[str] = field(default_factory=list)
     predicted_best: Optional[str] = None
     current_best: Optional[str] = None
@@ -214,6 +219,8 @@ class RungRecord:
         rung = cls(**_known(cls, raw))
         rung.fraction = float(rung.fraction)
         rung.margin = float(rung.margin or 0.0)
+        rung.margin_relative = _opt_float(rung.margin_relative)
+        rung.kept_all = bool(rung.kept_all)
         rung.survivors = [str(s) for s in rung.survivors or []]
         rung.compute_fraction = _opt_float(rung.compute_fraction)
         rung.entries = {str(tid): RungEntry.from_dict(e) for tid, e in entries.items()}

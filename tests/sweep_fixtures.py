@@ -23,7 +23,9 @@ TINY_TRAINER: dict[str, Any] = {
 
 
 def tiny_sweep(output_dir: Path, **scheduler: Any) -> dict[str, Any]:
-    """Four LRs at fixed τ, rungs at 0.2 and 0.4, halving."""
+    """Four LRs at fixed τ, rungs at 0.2 and 0.4, halving. Margin 0 (not the calibrated
+    default) so that the survivors of these pipeline tests are exactly ⌈n/2⌉, then one."""
+    scheduler = {"margin": 0.0, **scheduler}
     return {
         "name": "tiny",
         "output_dir": str(output_dir),

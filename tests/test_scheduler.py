@@ -375,6 +375,77 @@ def test_margin_mapping_per_rung():
         CollapseScheduler(predictor=FakePredictor(), margin={0.15: 1.0})
 
 
+class CalibratedFakePredictor(FakePredictor):
+    """A FakePredictor carrying a calibrated decision error, as ``Predictor.decision_error``."""
+
+    def __init__(self, rel_error: dict[float, float], **kw: Any) -> None:
+        super().__init__(**kw)
+        from predictors.predictor import DecisionError
+
+        fractions = sorted(rel_error)
+        self.decision_error = DecisionError(stop_fractions=fractions, rel_error=[rel_error[f] for f in fractions],
+                                            statistic="rms", n_curves=7, source="leave-one-out")
+
+
+# Asserts: the default calibrated margin keeps every trial within e(s) of the predicted best
+# at each rung (besides the rule's survivors), stops the rest, and the early answer states it.
+def test_calibrated_margin_keeps_trials_within_the_measured_error():
+    answers: list[dict] = []
+    s = sched(rungs=(0.1, 0.2), predictor=CalibratedFakePredictor({0.1: 0.05, 0.2: 0.015}),
+              on_early_answer=answers.append)
+    trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5), stub("c", final=1.04, tau=0.5),
+              stub("d", final=1.30, tau=0.5), stub("e", final=1.40, tau=0.5)]
+    FakeController(s, trials).run(workers=2)
+    # rung 0.1: top ⌈5/2⌉ = a, b, c; nothing else within 5% of a.
+    assert s.state.rungs[0].survivors == ["a", "b", "c"]
+    assert s.state.rungs[0].margin_relative == pytest.approx(0.05)
+    # rung 0.2 (last): b is 1% worse, within 1.5% → kept; c (4% worse) stopped.
+    assert s.state.rungs[1].survivors == ["a", "b"]
+    assert "calibrated margin 1.50%" in s.state.rungs[1].entries["b"].reason
+    assert outcome(s)["c"] == ("stopped", 0.2)
+    answer = answers[0]
+    assert answer["trial_id"] == "a" and answer["margin"] == pytest.approx(0.015)
+    assert answer["margin_kind"] == "relative" and "1.50%" in answer["margin_text"]
+    assert "leave-one-out" in answer["margin_text"]
+    assert s.state.settings["margin"] == "calibrated"
+
+
+# Asserts: a rung whose calibrated error exceeds the spread of the predicted finals keeps
+# everyone and says so, at an intermediate rung too.
+def test_calibrated_margin_keeps_everyone_when_error_exceeds_spread():
+    s = sched(rungs=(0.1, 0.2), predictor=CalibratedFakePredictor({0.1: 0.05, 0.2: 0.001}))
+    trials = [stub(t, final=f, tau=0.5) for t, f in (("a", 1.00), ("b", 1.02), ("c", 1.03), ("d", 1.04))]
+    FakeController(s, trials).run(workers=2)
+    first = s.state.rungs[0]
+    assert first.kept_all and first.survivors == ["a", "b", "c", "d"]
+    assert all("keeping everyone" in e.reason for e in first.entries.values())
+    assert s.state.rungs[1].survivors == ["a"] and not s.state.rungs[1].kept_all
+
+
+# Asserts: margin_scale scales the calibrated margin (0 turns it off); a predictor without a
+# calibrated error gives margin 0; a bad margin word is refused.
+def test_calibrated_margin_scale_and_uncalibrated_predictor():
+    trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]
+    s = sched(rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}), margin_scale=0.0)
+    FakeController(s, trials).run(workers=2)
+    assert s.state.rungs[0].survivors == ["a"]
+    s = sched(rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}), margin_scale=0.4)
+    FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]).run(workers=2)
+    assert s.state.rungs[0].survivors == ["a"]  # 1% > 0.4·2% = 0.8%
+    s = sched(rungs=(0.1,), predictor=FakePredictor())
+    assert s.state.rungs[0].margin_relative == 0.0
+    with pytest.raises(ValueError, match="margin"):
+        CollapseScheduler(predictor=FakePredictor(), margin="wide")
+
+
+# Asserts: in async mode the calibrated margin keeps a late arrival within e(s) of the best recorded.
+def test_async_calibrated_margin():
+    s = sched(decision_mode="async", rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}))
+    trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.015, tau=0.5), stub("c", final=1.05, tau=0.5)]
+    FakeController(s, trials).run(workers=1)
+    assert outcome(s)["b"] == ("completed", None) and outcome(s)["c"] == ("stopped", 0.1)
+
+
 # Asserts: NaN / inf losses and diverged=True STOP the trial, mark it diverged, and do not block a rung.
 def test_nan_inf_and_diverged_do_not_block_rung():
     s = sched()

@@ -105,3 +105,14 @@ def test_non_mapping_yaml_rejected(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(ConfigError, match="list.yaml"):
         load_sweep_config(path)
+
+
+def test_margin_defaults_to_calibrated_and_bad_margins_name_the_field() -> None:
+    # The keep-margin defaults to the predictor's calibrated error; σ numbers and per-rung
+    # mappings still work; a negative number, an unknown word or a non-rung key is refused.
+    assert load_sweep_config(data=BASE).scheduler.margin == "calibrated"
+    assert load_sweep_config(data=BASE, overrides=("scheduler.margin=1.5",)).scheduler.margin == 1.5
+    assert "scheduler.margin" in _error(BASE, "scheduler.margin=-1")
+    assert "scheduler.margin" in _error(BASE, "scheduler.margin=wide")
+    assert "0.25" in _error(BASE, "scheduler.margin={0.25: 1.0}")
+    assert "scheduler.margin_scale" in _error(BASE, "scheduler.margin_scale=-2")
