@@ -84,3 +84,25 @@ def test_tiny_calibration_end_to_end(tmp_path: Path) -> None:
     mtime = (tmp_path / "bank.parquet").stat().st_mtime
     calibrate(str(path))
     assert (tmp_path / "bank.parquet").stat().st_mtime == mtime
+
+
+def test_named_sweeps_share_runs_and_replicates_vary_the_data_stream(tmp_path: Path) -> None:
+    # Named sweeps are pooled (a run two sweeps share is trained once); with
+    # data_seed_from_seed each replicate seed has its own data order, shared inside it.
+    data = {**TINY, "grid": {}, "seeds": [3, 4], "data_seed_from_seed": True,
+            "sweeps": {"lr": {"lr": [0.005, 0.01]}, "batch": {"batch_size": [1024, 2048]}}}
+    config = load_calibration_config(str(_write(tmp_path, data)))
+    runs = config.runs()
+    assert len(runs) == 2 * (2 + 2 - 1)  # lr=0.01/B=1024 is in both sweeps
+    assert {(r["seed"], r["data"]["data_seed"]) for r in runs} == {(3, 3), (4, 4)}
+    assert len(config.runs([config.sweeps["lr"]])) == 4
+
+
+def test_bank_only_calibration_writes_no_predictor(tmp_path: Path) -> None:
+    # predictor_out: null banks curves (here none are missing) and fits nothing.
+    data = {**TINY, "predictor_out": None, "bank": str(tmp_path / "bank.parquet")}
+    config = load_calibration_config(str(_write(tmp_path, data)))
+    assert config.predictor_out is None
+    summary = calibrate(str(_write(tmp_path, data)), fit_only=True)
+    assert summary["predictor"] is None and summary["n_banked"] == 0
+    assert not list(tmp_path.glob("*.json"))
