@@ -36,6 +36,8 @@ class EarlyAnswer:
                     "predicted_best.uncertainty": answer.get("uncertainty"),
                     "predicted_best.rung": answer.get("rung"),
                     "predicted_best.compute_fraction": answer.get("compute_fraction"),
+                    "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
+                    "predicted_best.kept": answer.get("kept"),
                 })
             except Exception as exc:  # noqa: BLE001 - tracking must not kill the sweep
                 Console(stderr=True).print(f"[yellow]MLflow tag failed: {exc}[/yellow]")

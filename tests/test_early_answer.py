@@ -1,0 +1,31 @@
+"""The early answer: what the user reads the moment the last rung is decided."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpo.early_answer import EarlyAnswer, format_early_answer
+
+ANSWER = {
+    "trial_id": "t3", "config": {"lr": 0.005}, "predicted_final_loss": 1.6954, "uncertainty": 0.041,
+    "margin": 0.0249, "margin_kind": "relative",
+    "margin_text": "2.49% of the predicted best at t̂ = 0.3 (calibrated decision error ...)",
+    "kept_all": False, "compute_fraction": 0.187, "rung": 0.3, "kept": ["t3", "t1"],
+}
+
+
+def test_early_answer_states_the_margin_and_compute(tmp_path: Path) -> None:
+    # The printed answer names the config, the margin it used and the compute spent; the JSON
+    # file holds the whole answer.
+    text = format_early_answer(ANSWER)
+    assert "lr=0.005" in text and "keep-margin 2.49%" in text and "18.7%" in text
+    assert "kept all" not in text
+    EarlyAnswer(tmp_path)(ANSWER)
+    assert json.loads((tmp_path / "predicted_best.json").read_text())["margin_text"].startswith("2.49%")
+
+
+def test_early_answer_says_when_everyone_was_kept() -> None:
+    # A rung whose calibrated error exceeded the spread of predictions says it kept everyone.
+    text = format_early_answer({**ANSWER, "kept_all": True, "kept": ["a", "b", "c"]})
+    assert "kept all 3 trials" in text
