@@ -5,6 +5,9 @@ run's final loss, so the pick's regret is exact. Methods:
 
 * ``collapse``: ``hpo.scheduler.CollapseScheduler`` (sync, rungs ``--rungs``, reduction
   factor 2, margin 0) with the predictor ``--predictor``;
+* ``collapse-calibrated``: the same with the default keep-margin (``margin="calibrated"``:
+  every trial within the predictor's calibrated decision error of the predicted best is kept);
+* ``collapse-margin``: the same with a margin of ``--margin`` combined σ at every rung;
 * ``asha``: Ray's ``ASHAScheduler(time_attr="train_fraction", max_t=1.0, grace_period=0.1,
   reduction_factor=2)``. In Ray 2.60 its milestones are grace·rf^k for
   k < int(log(max_t/grace)/log(rf) + 1), i.e. t̂ = 0.1, 0.2, 0.4, 0.8 (floats work: a trial
@@ -27,8 +30,12 @@ regret is within 1 seed-noise std ("tie"). Then an aggregate table. Written to `
 ``schedulers.csv`` (one row per sweep × method), ``trials.csv`` (t̂ reached per run) and
 ``schedulers.md``.
 
+Sweeps come from the bank's ``sweep`` column split by ``--group-by`` columns, or from a
+calibration config's named ``sweeps`` (``--config``): one sweep per name and replicate seed.
+
 Usage:
     python benchmarks/schedulers.py --bank configs/calibration/default_bank.parquet --group-by tokens_per_param
+    python benchmarks/schedulers.py --config configs/calibration/audit.yaml   # held-out audit sweeps
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from hpo.replay import (  # noqa: E402
     true_finals,
 )
 
-RAY_METHODS = ("collapse", "collapse-margin", "asha", "median")
+RAY_METHODS = ("collapse", "collapse-calibrated", "collapse-margin", "asha", "median")
 #: Per sweep, the CollapseScheduler's predictions table (filled by a run, for the markdown).
 collapse_tables: dict[str, str] = {}
 
@@ -64,7 +71,9 @@ collapse_tables: dict[str, str] = {}
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bank", required=True, help="curve bank parquet")
+    p.add_argument("--bank", default=None, help="curve bank parquet (default: the --config's bank)")
+    p.add_argument("--config", default=None,
+                   help="calibration YAML whose named `sweeps` × seeds define the sweeps (instead of --group-by)")
     p.add_argument("--group-by", nargs="*", default=[],
                    help="columns that split a bank sweep into sweeps (e.g. tokens_per_param seed)")
     p.add_argument("--predictor", default="configs/predictors/default.json", help="predictor JSON")
@@ -94,6 +103,11 @@ def make_scheduler(method: str, args: argparse.Namespace, predictor: Any, state_
         state_path.unlink(missing_ok=True)  # an old state would be restored, not rerun
         return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(args.rungs),
                                  reduction_factor=2, margin=0.0, decision_mode="sync",
+                                 state_path=state_path)
+    if method == "collapse-calibrated":
+        state_path.unlink(missing_ok=True)
+        return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(args.rungs),
+                                 reduction_factor=2, margin="calibrated", decision_mode="sync",
                                  state_path=state_path)
     if method == "collapse-margin":
         # Keep every trial whose predicted final is within `--margin` combined standard
@@ -217,7 +231,35 @@ AGG_HEADERS = ["method", "sweeps", "mean regret", "max regret", "mean compute", 
 # ---------------------------------------------------------------------- main
 
 
+def config_sweeps(config_path: str, frame: Any) -> tuple[str, dict[str, list[str]]]:
+    """The named sweeps of a calibration config, one per replicate seed: (bank, {name: run ids})."""
+    from hpo.calibrate import load_calibration_config
+    from hpo.curve_bank import run_id_of
+
+    config = load_calibration_config(config_path)
+    if not config.sweeps:
+        raise SystemExit(f"{config_path}: no named `sweeps` to replay")
+    banked = set(frame["run_id"]) if len(frame) else set()
+    out: dict[str, list[str]] = {}
+    for name, grid in config.sweeps.items():
+        for run in config.runs([grid]):
+            key = f"{name}[seed={run['seed']}]"
+            run_id = run_id_of(run)
+            if run_id in banked:
+                out.setdefault(key, []).append(run_id)
+            else:
+                print(f"[{key}] run {run_id} is not in the bank (yet); skipped")
+    return config.bank, out
+
+
 def run(args: argparse.Namespace) -> list[MethodOutcome]:
+    configured: Optional[dict[str, list[str]]] = None
+    if args.config:
+        from hpo.calibrate import load_calibration_config
+
+        args.bank = args.bank or load_calibration_config(args.config).bank
+    if not args.bank:
+        raise SystemExit("give --bank or --config")
     bank = Path(args.bank)
     frame = load_bank(bank)
     if not len(frame):
@@ -227,7 +269,9 @@ def run(args: argparse.Namespace) -> list[MethodOutcome]:
     out = Path(args.out)
     (out / "states").mkdir(parents=True, exist_ok=True)
     finals = true_finals(frame, args.loss_column)
-    sweeps = bank_sweeps(frame, args.group_by)
+    if args.config:
+        _, configured = config_sweeps(args.config, frame)
+    sweeps = configured if configured is not None else bank_sweeps(frame, args.group_by)
     if args.sweeps:
         sweeps = {k: v for k, v in sweeps.items() if any(s in k for s in args.sweeps)}
     ray_methods = [m for m in args.methods if m in RAY_METHODS]
