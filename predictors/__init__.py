@@ -3,7 +3,7 @@
 from predictors.align import AlignSettings, CollapseResiduals, align_divisor, collapse_residuals
 from predictors.controls import Controls
 from predictors.curves import Curve
-from predictors.fit import FitBounds, FitResult, fit
+from predictors.fit import CurveScores, FitBounds, FitResult, fit, score_curves
 from predictors.normalize import (
     check_curve,
     drop_nonfinite,
@@ -21,6 +21,7 @@ __all__ = [
     "CollapseResiduals",
     "Controls",
     "Curve",
+    "CurveScores",
     "DecisionError",
     "FitBounds",
     "FitResult",
@@ -34,6 +35,7 @@ __all__ = [
     "fit",
     "normalize_loss",
     "normalized_surrogate",
+    "score_curves",
     "smooth_loss",
     "training_fraction_of",
     "window_tokens_of",

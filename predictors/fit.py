@@ -268,8 +268,7 @@ def fit(
     free_b_exp = bool(np.ptp(np.log(d.tau)) > 1e-12)
     free_q_exp = bool(np.ptp(np.log(d.tpp)) > 1e-12)
 
-    log_b_axis = np.linspace(math.log(bounds.b_table[0]), math.log(bounds.b_table[1]), table_size)
-    log_q_axis = np.linspace(math.log(bounds.q_table[0]), math.log(bounds.q_table[1]), table_size)
+    log_b_axis, log_q_axis = _table_axes(bounds, table_size)
     log_m_axis = np.linspace(math.log(bounds.m[0]), math.log(bounds.m[1]), 4 * grid_size)
 
     def per_curve(p: np.ndarray, mm: float) -> np.ndarray:
@@ -368,6 +367,63 @@ def fit(
         predictor, fit_mae, oracle_mae, curve_mae, oracle_curve, ob, oq, rel, iterations,
         time.perf_counter() - t0,
     )
+
+
+def _table_axes(bounds: FitBounds, table_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The log b and log q axes of the per-curve MAE tables (shared by the fit and the oracle)."""
+    log_b_axis = np.linspace(math.log(bounds.b_table[0]), math.log(bounds.b_table[1]), table_size)
+    log_q_axis = np.linspace(math.log(bounds.q_table[0]), math.log(bounds.q_table[1]), table_size)
+    return log_b_axis, log_q_axis
+
+
+@dataclass(frozen=True, eq=False)
+class CurveScores:
+    """How well an already-fitted predictor describes some curves (see :func:`score_curves`).
+
+    Attributes:
+        curve_mae: per-curve MAE of ℓ̂ against ℓ = L/L(last point) over [t_min, t_max].
+        oracle_curve_mae: the same with b, q free per curve (same m, ε1, ε2); ≤ curve_mae.
+        oracle_b, oracle_q: per-curve oracle parameters.
+    """
+
+    curve_mae: np.ndarray
+    oracle_curve_mae: np.ndarray
+    oracle_b: np.ndarray
+    oracle_q: np.ndarray
+
+
+def score_curves(
+    predictor: Predictor,
+    curves: Sequence[Curve],
+    *,
+    t_min: float = 0.2,
+    t_max: float = 1.0,
+    grid_points: int = 200,
+    table_size: int = 241,
+    bounds: Optional[FitBounds] = None,
+) -> CurveScores:
+    """Per-curve MAE and oracle MAE of a fitted ``predictor`` on (possibly new) ``curves``.
+
+    The same resampling, normalisation, window and oracle search as :func:`fit` (so with the
+    fit's curves, window and ``grid_points`` it reproduces ``FitResult.curve_mae`` and
+    ``oracle_curve_mae``): the held-out counterpart of the fit's MAE, for transfer studies.
+
+    Raises ``ValueError`` on an empty list, a bad window, or curves that do not cover it.
+    """
+    bounds = bounds or FitBounds()
+    curves = list(curves)
+    if not curves:
+        raise ValueError("score_curves: no curves")
+    if not (0.0 <= t_min < t_max <= 1.0):
+        raise ValueError(f"score_curves: need 0 ≤ t_min < t_max ≤ 1, got t_min={t_min}, t_max={t_max}")
+    p = predictor.params
+    d = _prepare(curves, t_min, t_max, grid_points, p.eps1, p.eps2)
+    b = np.asarray(p.b(d.tau), dtype=np.float64)
+    q = np.asarray(p.q(d.tpp), dtype=np.float64)
+    mae = _curve_mae(d, b, q, p.m)
+    log_b_axis, log_q_axis = _table_axes(bounds, table_size)
+    ob, oq, oracle = _oracle(d, b, q, p.m, mae, log_b_axis, log_q_axis)
+    return CurveScores(mae, oracle, ob, oq)
 
 
 def _oracle(
