@@ -1,0 +1,711 @@
+"""Audit regret: "predicted-best" against "current-best" early selection on the audit sweeps.
+
+What: for each audit sweep (``sweeps:`` of configs/calibration/audit.yaml) and each replicate
+seed, every selection rule picks one trial from what it has seen at the stop fraction s, and
+its regret is the final loss of the pick minus the best final loss of that replicate. Rules:
+
+* ``current-best``: the lowest smoothed loss at the first point with t̂ ≥ s
+  (``hpo.replay.current_best_at``);
+* ``predicted-best (m fitted)``: the lowest final loss predicted by the shipped predictor
+  (``--predictor``, five-parameter mode) from the curve up to s, computed exactly as
+  ``CollapseScheduler._predict`` does (see :func:`predict_final_at`);
+* ``predicted-best (m = 0.05)``: the same with the paper's fixed m, refit here from the
+  calibration bank of ``--calibration`` (same t_min, ``fit_m=False``; refit on every run so
+  nothing cached can go stale);
+* ``keep-set (m fitted, e(s))``: every trial whose predicted final (m fitted) is
+  ≤ best predicted·(1 + e(s)), e(s) = the predictor's calibrated decision error at s: what a
+  calibrated keep-margin would keep. All kept trials are finished and the best is chosen, so its
+  regret is 0 exactly when the set holds the true best; its size is reported too.
+
+Why: the audit sweeps were run to the end for every trial, so the regret of any early rule is
+exact; three replicate seeds give the seed band, below which a regret difference is noise.
+Within a replicate all trials share a data stream, so picks are paired comparisons.
+
+Seed band: σ_seed is the pooled within-configuration standard deviation of the final loss across
+the replicate seeds (``hpo.replay.seed_noise``); a difference of two finals has band √2·σ_seed.
+A pick whose regret ≤ band counts as a tie ("picked the best or tied"). Regret is also given
+against the seed-mean finals (mean over the replicates of each configuration), which is less
+noisy (seed means and σ_seed use complete replicates only). Diverged runs stay candidates (a rule may pick one: regret ∞) but have no final for σ.
+
+Partial banks (the audit bank fills while its sweep runs): a replicate (sweep × seed) is scored
+only when every one of its runs is banked and complete; the missing runs are listed.
+
+Run::
+
+    python benchmarks/audit_regret.py [--config configs/calibration/audit.yaml]
+        [--predictor configs/predictors/default.json] [--calibration configs/calibration/default.yaml]
+        [--fractions 0.1 0.2 0.3 0.5] [--out runs/benchmarks/audit_regret]
+
+Writes ``audit_regret.md``, ``audit_regret.json`` and ``regret_vs_fraction.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from hpo.calibrate import CalibrationConfig, load_calibration_config  # noqa: E402
+from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
+from hpo.overrides import ConfigError  # noqa: E402
+from hpo.replay import EPS, current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
+from predictors import Controls, Predictor  # noqa: E402
+
+FRACTIONS = (0.1, 0.2, 0.3, 0.5)
+CURRENT = "current-best"
+PRED_FITTED = "predicted-best (m fitted)"
+PRED_PAPER = "predicted-best (m = 0.05)"
+KEEP = "keep-set (m fitted, e(s))"
+#: CollapseScheduler's default ``min_points`` (points up to the rung needed to predict).
+MIN_POINTS = 3
+#: A completed curve must reach this t̂ to count as complete (predictors.fit.FINAL_TOL).
+COMPLETE_T = 0.99
+
+
+class AuditError(Exception):
+    """A one-line, user-facing error (names the file)."""
+
+
+# ---------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of the audit: a configuration (``label``) of a sweep, in one replicate seed."""
+
+    sweep: str
+    label: str
+    seed: int
+    run_id: str
+
+
+def audit_trials(config: CalibrationConfig) -> list[Trial]:
+    """Every (sweep, configuration, seed) of the audit with the bank run_id it will have.
+
+    Each combination is resolved through ``CalibrationConfig.runs`` (so the run_id is exactly
+    the one the calibration banks); a run shared by two sweeps appears in both.
+    """
+    trials = []
+    for sweep, grid in config.sweeps.items():
+        keys = [k for k in grid if k != "seed"]
+        # Label by the keys that vary (a one-value key such as weight_decay: [0.4] is context).
+        shown = [k for k in keys if len(grid[k]) > 1] or keys
+        seeds = grid.get("seed", config.seeds)
+        for values in itertools.product(*(grid[k] for k in keys)):
+            point = dict(zip(keys, values))
+            label = ", ".join(f"{k}={point[k]:g}" if isinstance(point[k], (int, float)) else f"{k}={point[k]}"
+                              for k in shown)
+            for seed in seeds:
+                (resolved,) = config.runs([{**{k: [v] for k, v in point.items()}, "seed": [seed]}])
+                trials.append(Trial(sweep, label, int(seed), run_id_of(resolved)))
+    return trials
+
+
+# ---------------------------------------------------------------------- bank views
+
+
+@dataclass
+class RunView:
+    """What a scheduler sees of one banked run, plus its true final."""
+
+    run_id: str
+    history: list[tuple[float, float]]  # (t̂, smoothed loss), finite points, as results arrive
+    controls: dict[str, Any]  # Controls.from_mapping(result).to_dict(), as the scheduler stores
+    final: float  # last smoothed loss; inf for a diverged run
+    status: str
+
+
+def run_views(frame: pd.DataFrame, run_ids: Sequence[str]) -> dict[str, RunView]:
+    finals = true_finals(frame)
+    views = {}
+    for run_id in sorted(set(run_ids)):
+        points = run_points(frame, run_id)  # the results a replay (or the live trainer) reports
+        status = str(points[0]["status"])
+        history = [(p["train_fraction"], p["loss"]) for p in points
+                   if math.isfinite(p["loss"]) and not p["diverged"]]
+        final = finals.get(run_id, math.inf) if status == "completed" else math.inf
+        views[run_id] = RunView(run_id, history, Controls.from_mapping(points[0]).to_dict(), final, status)
+    return views
+
+
+def bank_state(frame: pd.DataFrame, trials: Sequence[Trial]) -> dict[str, str]:
+    """run_id → why it cannot be scored ("not banked", "truncated at t̂=…") for the missing ones."""
+    present = frame.groupby("run_id").agg(status=("status", "first"), t_max=("train_fraction", "max")) \
+        if len(frame) else pd.DataFrame(columns=["status", "t_max"])
+    missing: dict[str, str] = {}
+    for trial in trials:
+        if trial.run_id not in present.index:
+            missing[trial.run_id] = "not banked"
+            continue
+        row = present.loc[trial.run_id]
+        if row["status"] == "completed" and float(row["t_max"]) < COMPLETE_T:
+            missing[trial.run_id] = f"truncated at t̂={float(row['t_max']):.2f}"
+    return missing
+
+
+# ---------------------------------------------------------------------- predictions
+
+
+def predict_final_at(predictor: Predictor, history: Sequence[tuple[float, float]], controls: Mapping[str, Any],
+                     upto: float, min_points: int = MIN_POINTS) -> Optional[float]:
+    """The final loss the scheduler would predict for this trial at rung ``upto``.
+
+    Mirrors ``CollapseScheduler._predict`` (hpo/scheduler.py) step for step: the (t̂, smoothed
+    loss) history up to and including the first point with t̂ ≥ upto − EPS, at least
+    ``min_points`` points, ``Controls.from_mapping`` of the stored controls, then
+    ``predictor.predict_final(t, loss, controls)`` with no other options. None where the
+    scheduler would have no prediction (too few points, predictor error, non-finite result).
+    """
+    points: list[list[float]] = []
+    for t, v in history:
+        points.append([t, v])
+        if t >= upto - EPS:
+            break
+    if len(points) < min_points:
+        return None
+    try:
+        arr = np.asarray(points, dtype=np.float64)
+        final = float(predictor.predict_final(arr[:, 0], arr[:, 1], Controls.from_mapping(controls)).final_loss)
+    except (ValueError, KeyError, TypeError, FloatingPointError):
+        return None
+    return final if math.isfinite(final) else None
+
+
+def reaches(view: RunView, fraction: float) -> bool:
+    """Whether the run has a finite point at t̂ ≥ fraction (one that diverged earlier was never judged there)."""
+    return bool(view.history) and view.history[-1][0] >= fraction - EPS
+
+
+def t_at(view: RunView, fraction: float) -> float:
+    return next(t for t, _ in view.history if t >= fraction - EPS)
+
+
+def fit_paper_predictor(calibration_path: str) -> tuple[Predictor, dict[str, Any]]:
+    """Refit the paper's fixed-m predictor on the calibration bank (same runs and t_min as
+    ``hpo.calibrate.fit_from_bank``, ``fit_m=False``). Returns it and a short description."""
+    from predictors import fit
+
+    config = _load_config(calibration_path)
+    bank_path = _resolve(config.bank)
+    if not bank_path.exists():
+        raise AuditError(f"{bank_path}: no such calibration bank (named by {calibration_path})")
+    frame = _read_bank(bank_path)
+    wanted = {run_id_of(c) for c in config.runs()}
+    curves = bank_curves(frame[frame["run_id"].isin(wanted)])
+    if len(curves) < 3:
+        raise AuditError(f"{bank_path}: only {len(curves)} completed curves of {calibration_path} to fit")
+    start = time.time()
+    # The keep-set uses the shipped predictor's calibrated e(s); this one needs no decision table.
+    result = fit(curves, t_min=config.fit.t_min, fit_m=False, decision_fractions=(),
+                 provenance={"calibration": config.name, "mode": "paper (m fixed)", "bank": str(bank_path)})
+    info = {"calibration": calibration_path, "bank": str(bank_path), "n_curves": len(curves),
+            "t_min": config.fit.t_min, "fit_mae": float(result.fit_mae),
+            "params": result.predictor.to_dict()["params"], "fit_s": time.time() - start}
+    return result.predictor, info
+
+
+# ---------------------------------------------------------------------- scoring
+
+
+@dataclass
+class Case:
+    """One rule's pick at one stop fraction in one replicate of one sweep."""
+
+    sweep: str
+    rule: str
+    fraction: float
+    seed: int
+    pick_label: Optional[str]
+    pick_run: Optional[str]
+    regret: Optional[float]  # final(pick) − min final of the replicate (∞: picked a diverged run)
+    tie: Optional[bool]  # regret ≤ band (None: no band yet)
+    mean_regret: Optional[float]  # seed-mean final of the pick's configuration − best seed-mean
+    compute: float  # Σ t̂ trained / n trials
+    n_trials: int
+    keep_size: Optional[int] = None
+    best_in_keep: Optional[bool] = None
+    note: str = ""
+
+
+@dataclass
+class Cell:
+    """A rule at one s in one sweep (or overall): the cases summarised."""
+
+    n: int
+    mean: Optional[float]
+    spread: Optional[float]  # sd across replicates (ddof=1; 0 with one replicate)
+    ties: int
+    tie_known: int
+    mean_vs_seed_mean: Optional[float]
+    spread_vs_seed_mean: Optional[float]
+    compute: Optional[float]
+    keep_size: Optional[float] = None
+    best_in_keep: Optional[int] = None
+
+
+@dataclass
+class SweepReport:
+    name: str
+    labels: list[str]
+    seeds: list[int]
+    complete_seeds: list[int]
+    finals: dict[str, dict[int, Optional[float]]]  # label → seed → final (complete replicates)
+    seed_mean: dict[str, float]
+    sigma_seed: Optional[float]
+    band: Optional[float]
+    noise_configs: int
+    n_trials: int = 0  # sweep × seed × configuration entries
+    n_scorable: int = 0  # of those, banked and complete
+    cases: list[Case] = field(default_factory=list)
+    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)  # rule → f"{s:g}" → Cell
+    sentence: str = ""
+
+
+@dataclass
+class AuditReport:
+    fractions: list[float]
+    rules: list[str]
+    sweeps: dict[str, SweepReport]
+    missing: list[dict[str, Any]]
+    n_runs: int
+    overall: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    e_of_s: dict[str, float] = field(default_factory=dict)
+    predictors: dict[str, Any] = field(default_factory=dict)
+
+
+def _stats(values: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    arr = np.asarray(vals, dtype=float)
+    mean = float(arr.mean())
+    spread = float(arr.std(ddof=1)) if arr.size > 1 and np.all(np.isfinite(arr)) else (0.0 if arr.size == 1 else math.inf)
+    return mean, spread
+
+
+def summarise(cases: Sequence[Case]) -> Cell:
+    mean, spread = _stats([c.regret for c in cases])
+    m_mean, m_spread = _stats([c.mean_regret for c in cases])
+    keep = [c for c in cases if c.keep_size is not None]
+    return Cell(
+        n=len(cases), mean=mean, spread=spread,
+        ties=sum(1 for c in cases if c.tie), tie_known=sum(1 for c in cases if c.tie is not None),
+        mean_vs_seed_mean=m_mean, spread_vs_seed_mean=m_spread,
+        compute=float(np.mean([c.compute for c in cases])) if cases else None,
+        keep_size=float(np.mean([c.keep_size for c in keep])) if keep else None,
+        best_in_keep=sum(1 for c in keep if c.best_in_keep) if keep else None,
+    )
+
+
+def score_replicate(sweep: str, seed: int, trials: Sequence[Trial], frame: pd.DataFrame,
+                    views: Mapping[str, RunView], seed_mean: Mapping[str, float],
+                    predictors: Mapping[str, Predictor], keep_predictor: Predictor,
+                    fractions: Sequence[float], band: Optional[float]) -> list[Case]:
+    """Every rule at every s on one complete replicate (one run per configuration)."""
+    label_of = {t.run_id: t.label for t in trials}
+    finals = {t.run_id: views[t.run_id].final for t in trials}
+    best_run = min(sorted(finals), key=lambda r: finals[r])
+    best_mean = min(seed_mean.values()) if seed_mean else None
+
+    def vs_mean(run: Optional[str]) -> Optional[float]:
+        if run is None or best_mean is None:
+            return None
+        return seed_mean[label_of[run]] - best_mean
+
+    def case(rule: str, s: float, outcome: Any, **extra: Any) -> Case:
+        return Case(sweep, rule, s, seed, label_of.get(outcome.pick), outcome.pick, outcome.regret,
+                    outcome.tie, vs_mean(outcome.pick), outcome.compute, len(finals), **extra)
+
+    cases: list[Case] = []
+    for s in fractions:
+        candidates = [r for r in sorted(finals) if reaches(views[r], s)]
+        if not candidates:  # every run diverged before s: nothing to pick from
+            continue
+        gone = len(finals) - len(candidates)
+        note = f"{gone} run(s) diverged before s" if gone else ""
+        # Stopping all but the pick at s, then finishing it: Σ t̂_i + (1 − t̂_pick), over n.
+        seen_t = {r: t_at(views[r], s) for r in candidates}
+        seen_t.update({r: views[r].history[-1][0] if views[r].history else 0.0
+                       for r in finals if r not in seen_t})
+
+        def compute_of(finished: Sequence[str]) -> float:
+            return (sum(seen_t.values()) + sum(1.0 - seen_t[r] for r in finished)) / len(finals)
+
+        # Every completed run reaches s, so the best over candidates is the replicate's best.
+        outcome = current_best_at(frame, candidates, s, sweep=sweep, noise=band, finals=finals)
+        cases.append(case(CURRENT, s, outcome, note=note))
+
+        predicted: dict[str, dict[str, Optional[float]]] = {}
+        for rule, predictor in predictors.items():
+            preds = {r: predict_final_at(predictor, views[r].history, views[r].controls, s) for r in candidates}
+            predicted[rule] = preds
+            valid = [r for r in candidates if preds[r] is not None]
+            pick = min(valid, key=lambda r: (preds[r], r)) if valid else None
+            outcome = score_pick(sweep, f"{rule}@{s:g}", pick, finals, compute_of([pick] if pick else []), band)
+            no_pred = len(candidates) - len(valid)
+            cases.append(case(rule, s, outcome, note="; ".join(
+                x for x in (note, f"{no_pred} without prediction" if no_pred else "") if x)))
+
+        # Keep-set: what a calibrated keep-margin keeps (a trial without a prediction is kept,
+        # as the scheduler fails open); finish them all and take the best final.
+        preds = predicted.get(PRED_FITTED) or {
+            r: predict_final_at(keep_predictor, views[r].history, views[r].controls, s) for r in candidates}
+        table = keep_predictor.decision_error
+        e = table.at(s) if table is not None else 0.0
+        valid = [p for p in preds.values() if p is not None]
+        threshold = min(valid) * (1.0 + e) if valid else math.inf
+        kept = [r for r in candidates if preds[r] is None or preds[r] <= threshold]
+        pick = min(kept, key=lambda r: (finals[r], r)) if kept else None
+        outcome = score_pick(sweep, f"keep@{s:g}", pick, finals, compute_of(kept), band)
+        cases.append(case(KEEP, s, outcome, keep_size=len(kept), best_in_keep=best_run in kept,
+                          note=note if table is not None else "uncalibrated predictor: e(s) = 0"))
+    return cases
+
+
+def evaluate(frame: pd.DataFrame, trials: Sequence[Trial], predictors: Mapping[str, Predictor],
+             keep_predictor: Predictor, fractions: Sequence[float] = FRACTIONS) -> AuditReport:
+    """Score every complete replicate of every sweep; list what is missing."""
+    missing_why = bank_state(frame, trials)
+    scorable = [t for t in trials if t.run_id not in missing_why]
+    views = run_views(frame, [t.run_id for t in scorable])
+    rules = [CURRENT, *predictors, KEEP]
+    sweeps: dict[str, SweepReport] = {}
+    missing = [{"sweep": t.sweep, "label": t.label, "seed": t.seed, "run_id": t.run_id,
+                "why": missing_why[t.run_id]} for t in trials if t.run_id in missing_why]
+    for name in dict.fromkeys(t.sweep for t in trials):
+        mine = [t for t in trials if t.sweep == name]
+        labels = list(dict.fromkeys(t.label for t in mine))
+        seeds = sorted({t.seed for t in mine})
+        complete = [s for s in seeds if all(t.run_id not in missing_why for t in mine if t.seed == s)]
+        done = [t for t in mine if t.seed in complete]
+        finals = {lab: {t.seed: _finite(views[t.run_id].final) for t in done if t.label == lab} for lab in labels}
+        seed_mean = {lab: float(np.mean([views[t.run_id].final for t in done if t.label == lab]))
+                     for lab in labels} if complete else {}
+        finite = {t.run_id: views[t.run_id].final for t in done if math.isfinite(views[t.run_id].final)}
+        noise = seed_noise(frame, run_ids=list(finite), finals=finite) if finite else None
+        sigma = noise.std if noise is not None else None
+        band = math.sqrt(2.0) * sigma if sigma is not None else None
+        report = SweepReport(name, labels, seeds, complete, finals, seed_mean, sigma, band,
+                             noise.n_configs if noise is not None else 0, len(mine),
+                             sum(1 for t in mine if t.run_id not in missing_why))
+        for seed in complete:
+            report.cases += score_replicate(name, seed, [t for t in done if t.seed == seed], frame, views,
+                                            seed_mean, predictors, keep_predictor, fractions, band)
+        report.cells = {rule: {f"{s:g}": summarise([c for c in report.cases if c.rule == rule and c.fraction == s])
+                               for s in fractions} for rule in rules}
+        report.sentence = sweep_sentence(report, fractions, list(predictors))
+        sweeps[name] = report
+    all_cases = [c for r in sweeps.values() for c in r.cases]
+    overall = {rule: {f"{s:g}": summarise([c for c in all_cases if c.rule == rule and c.fraction == s])
+                      for s in fractions} for rule in rules}
+    table = keep_predictor.decision_error
+    e_of_s = {f"{s:g}": (table.at(s) if table is not None else 0.0) for s in fractions}
+    return AuditReport(list(fractions), rules, sweeps, missing, len({t.run_id for t in trials}), overall, e_of_s)
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None
+
+
+def sweep_sentence(report: SweepReport, fractions: Sequence[float], predicted_rules: Sequence[str]) -> str:
+    """Where current-best is as good as each predicted-best rule: mean regrets within the band."""
+    name = report.name
+    if not report.complete_seeds:
+        return f"{name}: no complete replicate yet."
+    if report.band is None:
+        return (f"{name}: no seed band yet ({len(report.complete_seeds)} complete replicate(s); "
+                f"σ_seed needs 2), so no tie call.")
+    parts = []
+    for rule in predicted_rules:
+        same, worse, better = [], [], []
+        for s in fractions:
+            cur = report.cells[CURRENT][f"{s:g}"].mean
+            pred = report.cells[rule][f"{s:g}"].mean
+            if cur is None or pred is None:
+                continue
+            diff = cur - pred
+            tag = f"{s:g}"
+            if abs(diff) <= report.band or (math.isinf(cur) and math.isinf(pred)):
+                same.append(tag)
+            elif diff > 0:
+                worse.append(f"{tag} ({_fmt(cur)} vs {_fmt(pred)})")
+            else:
+                better.append(f"{tag} ({_fmt(cur)} vs {_fmt(pred)})")
+        text = f"vs {rule}: as good at s = {', '.join(same) or 'none'}"
+        if worse:
+            text += f"; worse beyond the band at s = {', '.join(worse)}"
+        if better:
+            text += f"; better beyond the band at s = {', '.join(better)}"
+        parts.append(text)
+    reps = len(report.complete_seeds)
+    return (f"{name} (band {_fmt(report.band)}, {reps} replicate(s)): current-best "
+            + "; ".join(parts) + ".")
+
+
+# ---------------------------------------------------------------------- output
+
+
+def _fmt(value: Optional[float], digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if math.isinf(value):
+        return "∞ (diverged)"
+    return f"{value:.{digits}f}"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cells = [list(headers)] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *(line(r) for r in cells[1:])])
+
+
+def cell_text(cell: Cell, rule: str) -> str:
+    if not cell.n:
+        return "—"
+    text = f"{_fmt(cell.mean)} ± {_fmt(cell.spread)}"
+    if cell.tie_known == cell.n:
+        text += f" ({cell.ties}/{cell.n} ties)"
+    elif cell.tie_known == 0:
+        text += " (ties n/a: no band)"
+    else:  # pooled over sweeps with and without a band
+        text += f" ({cell.ties}/{cell.tie_known} ties, {cell.n - cell.tie_known} without band)"
+    if rule == KEEP and cell.keep_size is not None:
+        text += f", |K| {cell.keep_size:.1f}, best∈K {cell.best_in_keep}/{cell.n}, compute {cell.compute:.2f}"
+    return text
+
+
+def regret_table(cells: Mapping[str, Mapping[str, Cell]], fractions: Sequence[float], seed_mean: bool = False) -> str:
+    rows = []
+    for rule, by_s in cells.items():
+        if seed_mean:
+            rows.append([rule, *(f"{_fmt(by_s[f'{s:g}'].mean_vs_seed_mean)} ± {_fmt(by_s[f'{s:g}'].spread_vs_seed_mean)}"
+                                 if by_s[f"{s:g}"].n else "—" for s in fractions)])
+        else:
+            rows.append([rule, *(cell_text(by_s[f"{s:g}"], rule) for s in fractions)])
+    return md_table(["rule", *(f"s = {s:g}" for s in fractions)], rows)
+
+
+def finals_table(report: SweepReport) -> str:
+    seeds = report.complete_seeds
+    rows = [[lab, *(_fmt(report.finals[lab].get(s) if report.finals[lab].get(s) is not None else math.inf)
+                    for s in seeds), _fmt(report.seed_mean.get(lab))] for lab in report.labels]
+    return md_table(["configuration", *(f"seed {s}" for s in seeds), "seed mean"], rows)
+
+
+def render(report: AuditReport, with_missing: bool = True) -> str:
+    fr = report.fractions
+    n_missing = len({m["run_id"] for m in report.missing})
+    lines = ["# Audit regret: predicted-best vs current-best", "",
+             f"Runs: {report.n_runs - n_missing} of {report.n_runs} scorable; "
+             f"stop fractions s = {', '.join(f'{s:g}' for s in fr)}; "
+             "e(s) = " + ", ".join(f"{k}: {100 * v:.2f}%" for k, v in report.e_of_s.items()) + ".", "",
+             "Cells: mean regret over replicates ± sd across replicates (loss units; regret = final of the "
+             "pick − best final of that replicate), then ties/replicates (tie: regret ≤ band = √2·σ_seed). "
+             "Keep-set: |K| = mean size, best∈K = replicates whose keep-set holds the true best, compute = "
+             "mean Σ t̂ trained / n (all kept trials finished). Seed means and σ_seed use complete "
+             "replicates only.", ""]
+    for name, fit in report.predictors.items():
+        lines.append(f"- {name}: {fit}")
+    lines += ["", "## Seed band", ""]
+    lines.append(md_table(
+        ["sweep", "runs scorable", "complete replicates", "σ_seed", "band √2·σ", "configs with ≥ 2 seeds"],
+        [[r.name, f"{r.n_scorable}/{r.n_trials}",
+          f"{len(r.complete_seeds)}/{len(r.seeds)} ({', '.join(map(str, r.complete_seeds)) or '-'})",
+          _fmt(r.sigma_seed), _fmt(r.band), str(r.noise_configs)] for r in report.sweeps.values()]))
+    lines += ["", "## Verdict per sweep", ""] + [f"- {r.sentence}" for r in report.sweeps.values()]
+    lines += ["", "## Overall (all sweeps × replicates)", "", regret_table(report.overall, fr)]
+    for r in report.sweeps.values():
+        lines += ["", f"## {r.name}", ""]
+        if not r.complete_seeds:
+            lines.append("No complete replicate yet.")
+            continue
+        lines += [finals_table(r), "", "Regret within the replicate:", "", regret_table(r.cells, fr), "",
+                  "Regret against the seed-mean finals:", "", regret_table(r.cells, fr, seed_mean=True)]
+    if report.missing and with_missing:
+        lines += ["", f"## Missing ({len(report.missing)} sweep × seed × configuration entries)", ""]
+        lines += [md_table(["sweep", "seed", "configuration", "run_id", "why"],
+                           [[m["sweep"], str(m["seed"]), m["label"], m["run_id"], m["why"]] for m in report.missing])]
+    return "\n".join(lines) + "\n"
+
+
+def missing_summary(report: AuditReport) -> str:
+    """One line per sweep × seed with missing runs (the full list is in the markdown)."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for m in report.missing:
+        groups.setdefault((m["sweep"], m["seed"]), []).append(m["label"] if m["why"] == "not banked"
+                                                              else f"{m['label']} ({m['why']})")
+    return "\n".join(f"  {sweep} seed {seed}: {len(labels)} missing: {'; '.join(labels)}"
+                     for (sweep, seed), labels in groups.items())
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no ∞: a regret of None with a pick means a diverged pick
+    return value
+
+
+def plot(report: AuditReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweeps = list(report.sweeps.values())
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps), 3.8), squeeze=False)
+    styles = {CURRENT: ("C0", "o", "-"), PRED_FITTED: ("C1", "s", "-"), PRED_PAPER: ("C2", "^", "-"),
+              KEEP: ("C3", "d", "--")}
+    fr = np.asarray(report.fractions)
+    for ax, r in zip(axes[0], sweeps):
+        ax.set_title(f"{r.name} ({len(r.complete_seeds)} repl.)")
+        ax.set_xlabel("stop fraction s")
+        if not r.complete_seeds:
+            ax.text(0.5, 0.5, "no complete replicate", transform=ax.transAxes, ha="center")
+            continue
+        if r.band is not None:
+            ax.axhspan(0.0, r.band, color="0.85", label="seed band √2σ")
+        for k, rule in enumerate(report.rules):
+            means = [r.cells[rule][f"{s:g}"].mean for s in report.fractions]
+            spreads = [r.cells[rule][f"{s:g}"].spread for s in report.fractions]
+            y = np.array([m if m is not None and math.isfinite(m) else np.nan for m in means])
+            e = np.array([v if v is not None and math.isfinite(v) else 0.0 for v in spreads])
+            colour, marker, ls = styles.get(rule, (f"C{k}", "o", "-"))
+            x = fr + (k - 1.5) * 0.004  # small offsets so equal regrets stay visible
+            ax.errorbar(x, y, yerr=e, color=colour, marker=marker, ls=ls, capsize=2, label=rule)
+        ax.set_ylim(bottom=0.0)
+    axes[0][0].set_ylabel("regret (final loss − best final)")
+    handles: dict[str, Any] = {}  # one legend for all panels (the band may be in some only)
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        axes[0][-1].legend(list(handles.values()), list(handles), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- main
+
+
+def _resolve(path: str) -> Path:
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate.resolve()
+    return (REPO_ROOT / candidate).resolve()  # config paths are written relative to the repo
+
+
+def _load_config(path: str) -> CalibrationConfig:
+    resolved = _resolve(path)
+    if not resolved.exists():
+        raise AuditError(f"{path}: no such config file")
+    try:
+        return load_calibration_config(str(resolved))
+    except ConfigError as exc:
+        message = str(exc)  # run-level validation errors name the run, not the file
+        raise AuditError(message if path in message or str(resolved) in message else f"{path}: {message}") from None
+
+
+def _read_bank(path: Path) -> pd.DataFrame:
+    try:
+        return load_bank(path)
+    except CurveBankError as exc:
+        raise AuditError(str(exc)) from None
+
+
+def _load_predictor(path: str) -> Predictor:
+    resolved = _resolve(path)
+    if not resolved.exists():
+        raise AuditError(f"{path}: no such predictor file")
+    try:
+        return Predictor.load(resolved)
+    except ValueError as exc:
+        raise AuditError(str(exc).splitlines()[0]) from None
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/calibration/audit.yaml", help="audit calibration YAML (sweeps:)")
+    p.add_argument("--predictor", default="configs/predictors/default.json", help="shipped predictor JSON")
+    p.add_argument("--calibration", default="configs/calibration/default.yaml",
+                   help="calibration whose bank the fixed-m predictor is refit on")
+    p.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS), help="stop fractions s")
+    p.add_argument("--out", default="runs/benchmarks/audit_regret", help="output directory")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> AuditReport:
+    fractions = sorted(set(args.fractions))
+    if not fractions or any(not 0.0 < s < 1.0 for s in fractions):
+        raise AuditError(f"--fractions: each must be in (0, 1), got {args.fractions}")
+    config = _load_config(args.config)
+    if not config.sweeps:
+        raise AuditError(f"{args.config}: no `sweeps:` to audit")
+    bank_path = _resolve(config.bank)
+    if not bank_path.exists():
+        raise AuditError(f"{bank_path}: no such audit bank (run `hpo calibrate {args.config}` to fill it)")
+    shipped = _load_predictor(args.predictor)  # before the refit: fail fast on a bad path
+    trials = audit_trials(config)
+    frame = _read_bank(bank_path)
+    print(f"shipped predictor ({args.predictor}): {shipped!r}")
+    paper, fit_info = fit_paper_predictor(args.calibration)
+    p = fit_info["params"]
+    print(f"refit m = 0.05 predictor on {fit_info['n_curves']} curves of {args.calibration} "
+          f"(t_min {fit_info['t_min']:g}, {fit_info['fit_s']:.1f}s): b_const {p['b_const']:.4g}, "
+          f"b_exp {p['b_exp']:.4g}, q_const {p['q_const']:.4g}, q_exp {p['q_exp']:.4g}, m {p['m']:.4g}, "
+          f"fit MAE {100 * fit_info['fit_mae']:.2f}%")
+
+    report = evaluate(frame, trials, {PRED_FITTED: shipped, PRED_PAPER: paper}, shipped, fractions)
+    report.predictors = {PRED_FITTED: f"{args.predictor}: {shipped!r}",
+                         PRED_PAPER: (f"refit on {fit_info['n_curves']} curves of {args.calibration}, "
+                                      f"t_min {fit_info['t_min']:g}: " + ", ".join(
+                                          f"{k} {v:.4g}" for k, v in p.items() if isinstance(v, float)))}
+    n_missing = len({m["run_id"] for m in report.missing})
+    print(f"audit bank {bank_path}: {report.n_runs - n_missing} of {report.n_runs} runs scorable")
+    if report.missing:
+        print(f"missing ({len(report.missing)} sweep × seed × configuration entries):\n{missing_summary(report)}")
+    text = render(report)
+    print()
+    print(render(report, with_missing=False))  # the full missing list goes to the markdown only
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "audit_regret.md").write_text(text)
+    payload = {"config": args.config, "bank": str(bank_path), "predictor": args.predictor,
+               "paper_refit": fit_info, **asdict(report)}
+    (out / "audit_regret.json").write_text(json.dumps(_json_safe(payload), indent=2, allow_nan=False))
+    plot(report, out / "regret_vs_fraction.png")
+    print(f"wrote {out / 'audit_regret.md'}, {out / 'audit_regret.json'}, {out / 'regret_vs_fraction.png'}")
+    return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        run(parse_args(argv))
+    except AuditError as exc:
+        print(f"audit_regret: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
