@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,31 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _alive_nodes(address: str, env: dict) -> int:
+    probe = ("import ray; ray.init(address=%r, log_to_driver=False); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))" % address)
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    lines = run.stdout.strip().splitlines()
+    return int(lines[-1]) if run.returncode == 0 and lines and lines[-1].isdigit() else 0
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End one `ray start --block` and everything it started, and nothing else.
+
+    (`ray stop` would kill every Ray cluster on the machine, a user's own included.)"""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)  # --block tears its node down on SIGTERM
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
 @pytest.fixture()
 def two_node_cluster(tmp_path: Path):
     ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
@@ -31,16 +58,23 @@ def two_node_cluster(tmp_path: Path):
     subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, env=env,
                    capture_output=True, timeout=60)
     address = f"127.0.0.1:{port}"
-    common = ["--num-cpus=1", "--disable-usage-stats"]
-    subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                    "--include-dashboard=false", *common], check=True, env=env, capture_output=True,
-                   timeout=120)
+    common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
+    nodes: list[subprocess.Popen] = []
     try:
-        subprocess.run([ray_bin, "start", f"--address={address}", "--node-ip-address=127.0.0.1",
-                        *common], check=True, env=env, capture_output=True, timeout=120)
+        for args in (["--head", f"--port={port}", "--include-dashboard=false"], [f"--address={address}"]):
+            nodes.append(subprocess.Popen(
+                [ray_bin, "start", *args, "--node-ip-address=127.0.0.1", *common], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            ))
+            want, deadline = len(nodes), time.time() + 180
+            while _alive_nodes(address, env) < want:
+                assert all(n.poll() is None for n in nodes), "ray start exited early"
+                assert time.time() < deadline, f"the cluster did not reach {want} node(s)"
+                time.sleep(2)
         yield address
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        for node in reversed(nodes):
+            _stop(node)
 
 
 def test_sweep_through_two_node_cluster(tmp_path: Path, two_node_cluster: str) -> None:
@@ -59,8 +93,4 @@ def test_sweep_through_two_node_cluster(tmp_path: Path, two_node_cluster: str) -
     state = json.loads((output / "scheduler_state.json").read_text())
     assert sorted(t["status"] for t in state["trials"].values()) == ["completed", "stopped", "stopped", "stopped"]
     # Both nodes were part of the cluster the sweep ran on.
-    probe = ("import ray; ray.init(address=%r, log_to_driver=False); "
-             "print(sum(1 for n in ray.nodes() if n['Alive']))" % two_node_cluster)
-    nodes = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
-                           timeout=120)
-    assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stderr[-2000:]
+    assert _alive_nodes(two_node_cluster, env) == 2
