@@ -259,7 +259,8 @@ class CollapseScheduler(FIFOScheduler):
         rel = [float(error.at(f)) * self._margin_scale for f in fractions]
         how = f"{getattr(error, 'source', 'calibrated')} {getattr(error, 'statistic', '')}".strip()
         scale = f" × {self._margin_scale:g}" if self._margin_scale != 1.0 else ""
-        return rel, f"calibrated decision error of the predictor ({how}, {getattr(error, 'n_curves', '?')} curves){scale}"
+        return rel, (f"the predictor's {how} decision error over {getattr(error, 'n_curves', '?')} "
+                     f"calibration curves{scale}")
 
     @staticmethod
     def _parse_margin(margin: Any, fractions: list[float]) -> list[float]:
