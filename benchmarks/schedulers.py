@@ -240,15 +240,19 @@ def config_sweeps(config_path: str, frame: Any) -> tuple[str, dict[str, list[str
     if not config.sweeps:
         raise SystemExit(f"{config_path}: no named `sweeps` to replay")
     banked = set(frame["run_id"]) if len(frame) else set()
-    out: dict[str, list[str]] = {}
+    wanted: dict[str, list[str]] = {}
     for name, grid in config.sweeps.items():
         for run in config.runs([grid]):
-            key = f"{name}[seed={run['seed']}]"
-            run_id = run_id_of(run)
-            if run_id in banked:
-                out.setdefault(key, []).append(run_id)
-            else:
-                print(f"[{key}] run {run_id} is not in the bank (yet); skipped")
+            wanted.setdefault(f"{name}[seed={run['seed']}]", []).append(run_id_of(run))
+    out: dict[str, list[str]] = {}
+    for key, run_ids in wanted.items():
+        missing = [r for r in run_ids if r not in banked]
+        if missing:
+            # A sweep with runs missing is a different sweep: replaying it would flatter or
+            # punish methods arbitrarily, so it is left out until the bank is complete.
+            print(f"[{key}] skipped: {len(missing)} of {len(run_ids)} runs not in the bank (yet)")
+        else:
+            out[key] = run_ids
     return config.bank, out
 
 
