@@ -332,6 +332,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--predictor", type=Path, default=REPO_ROOT / "configs/predictors/default.json")
     parser.add_argument("--reference-bank", type=Path, default=REPO_ROOT / "configs/calibration/default_bank.parquet",
                         help="the bank the predictor was fitted on (in-sample context)")
+    parser.add_argument("--reference-config", type=Path, default=REPO_ROOT / "configs/calibration/default.yaml",
+                        help="the calibration the predictor was fitted by: only its runs count as in-sample context")
     parser.add_argument("--t-min", type=float, default=None,
                         help="start of the MAE window (default: the predictor's fit window, else 0.05)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs/benchmarks/transfer")
@@ -371,6 +373,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     note = completeness_note(args, curves, statuses)
     print(f"held-out bank {args.bank}: {note}")
     ref_curves, _ = load_curves(args.reference_bank)
+    # The reference bank may hold curves of other calibrations (e.g. TPP 5/10 runs that the
+    # shipped predictor never saw): in-sample context means the predictor's own runs only.
+    fitted_on, _ = configured_run_ids(args.reference_config)
+    ref_curves = [c for c in ref_curves if c.meta.get("name") in fitted_on]
+    if not ref_curves:
+        raise TransferError(f"{args.reference_bank}: none of {args.reference_config}'s runs are banked")
     fractions = list(DECISION_FRACTIONS)
 
     rows = score_bank(predictor, curves, t_min=t_min, grid_points=grid_points, fractions=fractions)
@@ -386,7 +394,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"Predictor `{args.predictor}` (fitted on {predictor.provenance.get('n_curves', '?')} curves, "
         f"fit MAE {_pct(predictor.provenance.get('fit_mae'))}, oracle {_pct(predictor.provenance.get('oracle_mae'))}).",
         f"Held-out bank `{args.bank}`: {note}.",
-        f"Reference bank `{args.reference_bank}`: {len(ref_curves)} curves.",
+        f"Reference bank `{args.reference_bank}`: the {len(ref_curves)} curves of `{args.reference_config.name}` "
+        "(the predictor's own calibration).",
         f"N held-out / N reference = {n_held or float('nan'):,.0f} / {n_ref or float('nan'):,.0f} = "
         + (f"**{ratio:.1f}x** non-embedding parameters." if ratio else "n/a."),
         f"MAE of ℓ = L/L(1) over t̂ ∈ [{t_min:g}, 1] on a {grid_points}-point grid (the fit's definition); "
