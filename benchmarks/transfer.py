@@ -188,6 +188,31 @@ def score_bank(
     return out
 
 
+def direct_collapse(curves: Sequence[Curve], reference: Sequence[Curve], t_min: float) -> list[dict[str, Any]]:
+    """Each held-out curve against every reference curve with the same TPP, τ, η and B.
+
+    This needs no predictor: if the normalised curves of the two model sizes differ by much
+    more than seed noise, collapse itself fails across the size jump and no predictor fitted
+    at the reference can transfer. MAE of ℓ over [t_min, 1] and over the paper's [0.2, 1].
+    """
+    def key(c: Curve) -> tuple:
+        return (round(c.controls.tokens_per_param, 3), round(c.controls.tau, 4),
+                _meta_number(c, "eta"), _meta_number(c, "batch_size"))
+
+    rows = []
+    for curve in curves:
+        for ref in (r for r in reference if key(r) == key(curve)):
+            row = {"run_id": str(curve.meta.get("name")), "reference_run_id": str(ref.meta.get("name")),
+                   "tokens_per_param": curve.controls.tokens_per_param, "tau": curve.controls.tau,
+                   "final_loss": curve.final_loss, "reference_final_loss": ref.final_loss}
+            for lo in (t_min, 0.2):
+                grid = np.linspace(lo, 1.0, DEFAULT_GRID_POINTS)
+                gap = np.interp(grid, curve.t_hat, curve.normalized) - np.interp(grid, ref.t_hat, ref.normalized)
+                row[f"mae_from_{lo:g}"] = float(np.mean(np.abs(gap)))
+            rows.append(row)
+    return rows
+
+
 def _rms(values: Sequence[float]) -> float:
     v = np.asarray([x for x in values if math.isfinite(x)], dtype=np.float64)
     return float(np.sqrt(np.mean(v**2))) if v.size else math.nan
@@ -373,6 +398,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     note = completeness_note(args, curves, statuses)
     print(f"held-out bank {args.bank}: {note}")
     ref_curves, _ = load_curves(args.reference_bank)
+    collapse_rows = direct_collapse(curves, ref_curves, t_min)
     # The reference bank may hold curves of other calibrations (e.g. TPP 5/10 runs that the
     # shipped predictor never saw): in-sample context means the predictor's own runs only.
     fitted_on, _ = configured_run_ids(args.reference_config)
@@ -414,6 +440,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "",
         aggregate_table(ref, fractions),
         "",
+        "## Direct collapse check (no predictor): held-out vs reference curve, same TPP, τ, η, B",
+        "",
+        "| run | reference run | TPP | τ | final | reference final | MAE of ℓ from "
+        f"{t_min:g} | MAE of ℓ from 0.2 |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {r['run_id']} | {r['reference_run_id']} | {r['tokens_per_param']:g} | {r['tau']:g} | "
+          f"{r['final_loss']:.4f} | {r['reference_final_loss']:.4f} | {_pct(r[f'mae_from_{t_min:g}'])} | "
+          f"{_pct(r['mae_from_0.2'])} |" for r in collapse_rows],
+        "",
     ]
     if shipped is not None:
         lines += [f"Shipped decision error ({shipped.source}, {shipped.statistic}): "
@@ -436,6 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "curves": [asdict(r) for r in rows],
         "aggregate": held,
         "reference_aggregate": ref,
+        "direct_collapse": collapse_rows,
         "shipped_decision_error": None if shipped is None else shipped.to_dict(),
     }
     write_outputs(args.out, report, markdown)
