@@ -109,3 +109,15 @@ def test_main_reports_missing_bank_in_one_line(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.count("\n") == 0 and "absent.parquet" in err
+
+
+def test_direct_collapse_pairs_only_matching_controls() -> None:
+    # A curve against itself collapses exactly; it is paired only with reference curves of the
+    # same TPP, τ, η and B (a second seed of the same configuration), never with other τ.
+    curves = bank_curves(load_bank(BANK))
+    one = curves[0]
+    rows = transfer.direct_collapse([one], curves, t_min=0.05)
+    assert rows and all(r["tau"] == one.controls.tau for r in rows)
+    self_row = next(r for r in rows if r["reference_run_id"] == r["run_id"])
+    assert self_row["mae_from_0.05"] == 0.0 and self_row["mae_from_0.2"] == 0.0
+    assert len(rows) < len(curves)
