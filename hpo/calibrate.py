@@ -384,7 +384,7 @@ def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool 
     if config.predictor_out is None:
         frame = load_bank(bank_path)
         wanted = {run_id_of(c) for c in config.runs()}
-        n = int(frame["run_id"].isin(wanted).sum()) if len(frame) else 0
+        n = int(frame.loc[frame["run_id"].isin(wanted), "run_id"].nunique()) if len(frame) else 0
         print(f"calibration {config.name!r}: bank only (predictor_out is null); "
               f"{n} of {len(wanted)} runs in {bank_path}")
         return {"bank": str(bank_path), "n_banked": n, "n_runs": len(wanted), "predictor": None}
