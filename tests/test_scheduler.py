@@ -896,7 +896,7 @@ def test_end_to_end_ray_tune_sync(tmp_path):
     started = time.monotonic()
     own_ray = not ray.is_initialized()  # do not tear down a cluster another test started
     if own_ray:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"ray.init: {time.monotonic() - started:.1f} s")
     try:
         tuner = tune.Tuner(
