@@ -61,6 +61,7 @@ from hpo.calibrate import CalibrationConfig, load_calibration_config  # noqa: E4
 from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.overrides import ConfigError  # noqa: E402
 from hpo.replay import EPS, current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
+from hpo.scheduler import DEFAULT_MIN_POINTS, predict_at_rung  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -69,7 +70,7 @@ PRED_FITTED = "predicted-best (m fitted)"
 PRED_PAPER = "predicted-best (m = 0.05)"
 KEEP = "keep-set (m fitted, e(s))"
 #: CollapseScheduler's default ``min_points`` (points up to the rung needed to predict).
-MIN_POINTS = 3
+MIN_POINTS = DEFAULT_MIN_POINTS
 #: A completed curve must reach this t̂ to count as complete (predictors.fit.FINAL_TOL).
 COMPLETE_T = 0.99
 
@@ -160,27 +161,10 @@ def bank_state(frame: pd.DataFrame, trials: Sequence[Trial]) -> dict[str, str]:
 
 def predict_final_at(predictor: Predictor, history: Sequence[tuple[float, float]], controls: Mapping[str, Any],
                      upto: float, min_points: int = MIN_POINTS) -> Optional[float]:
-    """The final loss the scheduler would predict for this trial at rung ``upto``.
-
-    Mirrors ``CollapseScheduler._predict`` (hpo/scheduler.py) step for step: the (t̂, smoothed
-    loss) history up to and including the first point with t̂ ≥ upto − EPS, at least
-    ``min_points`` points, ``Controls.from_mapping`` of the stored controls, then
-    ``predictor.predict_final(t, loss, controls)`` with no other options. None where the
-    scheduler would have no prediction (too few points, predictor error, non-finite result).
-    """
-    points: list[list[float]] = []
-    for t, v in history:
-        points.append([t, v])
-        if t >= upto - EPS:
-            break
-    if len(points) < min_points:
-        return None
-    try:
-        arr = np.asarray(points, dtype=np.float64)
-        final = float(predictor.predict_final(arr[:, 0], arr[:, 1], Controls.from_mapping(controls)).final_loss)
-    except (ValueError, KeyError, TypeError, FloatingPointError):
-        return None
-    return final if math.isfinite(final) else None
+    """The final loss the scheduler would predict for this trial at rung ``upto``
+    (``hpo.scheduler.predict_at_rung``, the function ``CollapseScheduler`` itself uses);
+    None where the scheduler would have no prediction."""
+    return predict_at_rung(predictor, history, controls, upto, min_points)[0]
 
 
 def reaches(view: RunView, fraction: float) -> bool:

@@ -48,13 +48,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from hpo.curve_bank import bank_curves, load_bank  # noqa: E402
+from hpo.scheduler import predict_at_rung  # noqa: E402
 from predictors import Curve, Predictor, score_curves  # noqa: E402
 from predictors.predictor import DECISION_FRACTIONS  # noqa: E402
 
-# The scheduler's rung test (hpo.scheduler.EPS): a point at t̂ ≥ s − EPS reaches rung s.
-SCHEDULER_EPS = 1e-9
-# CollapseScheduler's default min_points: fewer history points give no prediction.
-SCHEDULER_MIN_POINTS = 3
 # Paper Table 11's bar: the predictor's MAE within 2× of the oracle's.
 TARGET_RATIO = 2.0
 DEFAULT_T_MIN = 0.05
@@ -115,31 +112,20 @@ def configured_run_ids(config_path: Path) -> tuple[set[str], Path]:
 # ------------------------------------------------------------------------ scoring
 
 
-def scheduler_history(curve: Curve, stop_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """What ``CollapseScheduler._predict`` hands the predictor at rung ``stop_fraction``.
-
-    Its history is every finite (t̂, smoothed_loss) result with t̂ > 0 — the points a bank
-    curve holds — and it cuts after the first point with t̂ ≥ s − EPS (that point included).
-    """
-    reached = np.nonzero(curve.t_hat >= stop_fraction - SCHEDULER_EPS)[0]
-    n = int(reached[0]) + 1 if reached.size else curve.t_hat.size
-    return curve.t_hat[:n], curve.loss[:n]
-
-
 def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> float:
-    """(predicted − true)/true final loss from the scheduler's history at ``stop_fraction``.
+    """(predicted − true)/true final loss at rung ``stop_fraction``, predicted exactly as the
+    scheduler does (``hpo.scheduler.predict_at_rung`` on the curve's (t̂, smoothed loss) points).
 
     NaN where the scheduler would have no prediction: too few points, or the predictor failed
     (the scheduler keeps such a trial rather than raising).
     """
-    t, y = scheduler_history(curve, stop_fraction)
-    if t.size < SCHEDULER_MIN_POINTS:
-        return math.nan
-    try:
-        final = predictor.predict_final(t, y, curve.controls).final_loss
-    except ValueError:
-        return math.nan
-    return final / curve.final_loss - 1.0
+    controls = {"tau": curve.controls.tau, "tokens_per_param": curve.controls.tokens_per_param,
+                "schedule": curve.controls.schedule.name,
+                "warmup_fraction": curve.controls.schedule.warmup_fraction,
+                "decay_fraction": curve.controls.schedule.decay_fraction}
+    history = zip(curve.t_hat.tolist(), curve.loss.tolist())
+    final = predict_at_rung(predictor, history, controls, stop_fraction)[0]
+    return math.nan if final is None else final / curve.final_loss - 1.0
 
 
 def _meta_number(curve: Curve, key: str) -> Optional[float]:

@@ -105,6 +105,48 @@ def _fmt(pred: Optional[float], sigma: Optional[float]) -> str:
     return f"{pred:.4f}±{sigma:.4f}" if sigma is not None else f"{pred:.4f}±?"
 
 
+#: Fewest history points (up to and including the rung point) a prediction needs by default.
+DEFAULT_MIN_POINTS = 3
+
+
+def predict_at_rung(
+    predictor: Any,
+    history: Sequence[Sequence[float]],
+    controls: Optional[Mapping[str, Any]],
+    upto: float,
+    min_points: int = DEFAULT_MIN_POINTS,
+) -> tuple[Optional[float], Optional[float], int, str]:
+    """The prediction a trial gets at rung ``upto``: (final_loss, uncertainty, n_points, why-not).
+
+    ``history`` is the trial's (t̂, smoothed loss) results in order; the points up to and
+    including the first with t̂ ≥ ``upto`` are handed to ``predictor.predict_final`` with the
+    trial's ``controls`` (a mapping for ``Controls.from_mapping``). Never raises: a trial with
+    no controls, too few points, a failing predictor or a non-finite result gets
+    ``(None, None, n, reason)`` and is kept by the scheduler. Public so that offline studies
+    (``benchmarks/``) score exactly what the scheduler decides on.
+    """
+    points: list[list[float]] = []
+    for t, v in history:
+        points.append([float(t), float(v)])
+        if t >= upto - EPS:
+            break
+    n = len(points)
+    if controls is None:
+        return None, None, n, "no controls (tau, tokens_per_param, schedule) in the results"
+    if n < min_points:
+        return None, None, n, f"only {n} point(s) up to the rung, min_points={min_points}"
+    try:
+        arr = np.asarray(points, dtype=np.float64)
+        pred = predictor.predict_final(arr[:, 0], arr[:, 1], Controls.from_mapping(controls))
+        final = finite_or_none(getattr(pred, "final_loss", None))
+        sigma = finite_or_none(getattr(pred, "uncertainty", None))
+    except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
+        return None, None, n, f"predictor failed: {type(exc).__name__}: {exc}"
+    if final is None:
+        return None, None, n, "predictor returned a non-finite final loss"
+    return final, (abs(sigma) if sigma is not None else None), n, ""
+
+
 class CollapseScheduler(FIFOScheduler):
     """Early-stops Ray Tune trials at decision fractions by their predicted final loss.
 
@@ -178,7 +220,7 @@ class CollapseScheduler(FIFOScheduler):
         decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
-        min_points: int = 3,
+        min_points: int = DEFAULT_MIN_POINTS,
         persist_interval_s: float = 5.0,
     ) -> None:
         super().__init__()
@@ -499,34 +541,14 @@ class CollapseScheduler(FIFOScheduler):
     # ------------------------------------------------------------------ prediction
 
     def _predict(self, rec: TrialRecord, upto: float) -> tuple[Optional[float], Optional[float], int, str]:
-        """Predict from the history up to and including the first point with t̂ ≥ ``upto``.
-
-        Returns (final_loss, uncertainty, n_points, why-not); never raises.
-        """
-        points: list[list[float]] = []
-        for t, v in rec.history:
-            points.append([t, v])
-            if t >= upto - EPS:
-                break
-        n = len(points)
-        if rec.controls is None:
-            return None, None, n, "no controls (tau, tokens_per_param, schedule) in the results"
-        if n < self._min_points:
-            return None, None, n, f"only {n} point(s) up to the rung, min_points={self._min_points}"
-        try:
-            controls = Controls.from_mapping(rec.controls)
-            arr = np.asarray(points, dtype=np.float64)
-            pred = self._predictor.predict_final(arr[:, 0], arr[:, 1], controls)
-            final = finite_or_none(getattr(pred, "final_loss", None))
-            sigma = finite_or_none(getattr(pred, "uncertainty", None))
-        except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
-            logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, exc)
+        """Predict from the history up to and including the first point with t̂ ≥ ``upto``
+        (:func:`predict_at_rung`); returns (final_loss, uncertainty, n_points, why-not)."""
+        final, sigma, n, why = predict_at_rung(self._predictor, rec.history, rec.controls, upto, self._min_points)
+        if why.startswith("predictor failed"):
+            logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, why)
             if self._strict:
-                raise
-            return None, None, n, f"predictor failed: {type(exc).__name__}: {exc}"
-        if final is None:
-            return None, None, n, "predictor returned a non-finite final loss"
-        return final, (abs(sigma) if sigma is not None else None), n, ""
+                raise RuntimeError(f"CollapseScheduler: {why}")
+        return final, sigma, n, why
 
     def _make_entry(self, rec: TrialRecord, r: int) -> tuple[RungEntry, str]:
         fraction = self._rungs[r]
