@@ -62,6 +62,7 @@ from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # 
 from hpo.overrides import ConfigError  # noqa: E402
 from hpo.replay import EPS, current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
 from hpo.scheduler import DEFAULT_MIN_POINTS, predict_at_rung  # noqa: E402
+from hpo.scheduler_state import json_safe  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -536,18 +537,6 @@ def missing_summary(report: AuditReport) -> str:
                      for (sweep, seed), labels in groups.items())
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no ∞: a regret of None with a pick means a diverged pick
-    return value
-
-
 def plot(report: AuditReport, path: Path) -> None:
     import matplotlib
 
@@ -676,7 +665,7 @@ def run(args: argparse.Namespace) -> AuditReport:
     (out / "audit_regret.md").write_text(text)
     payload = {"config": args.config, "bank": str(bank_path), "predictor": args.predictor,
                "paper_refit": fit_info, **asdict(report)}
-    (out / "audit_regret.json").write_text(json.dumps(_json_safe(payload), indent=2, allow_nan=False))
+    (out / "audit_regret.json").write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False))
     plot(report, out / "regret_vs_fraction.png")
     print(f"wrote {out / 'audit_regret.md'}, {out / 'audit_regret.json'}, {out / 'regret_vs_fraction.png'}")
     return report

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from hpo.curve_bank import bank_curves, load_bank  # noqa: E402
 from hpo.scheduler import predict_at_rung  # noqa: E402
+from hpo.scheduler_state import json_safe  # noqa: E402
 from predictors import Curve, Predictor, score_curves  # noqa: E402
 from predictors.predictor import DECISION_FRACTIONS  # noqa: E402
 
@@ -317,21 +318,10 @@ def plot_normalized(curves: Sequence[Curve], predictor: Predictor, t_min: float,
     plt.close(fig)
 
 
-def _jsonable(value: Any) -> Any:
-    """NaN/inf → None and float keys → strings, so the JSON is strict."""
-    if isinstance(value, dict):
-        return {(f"{k:g}" if isinstance(k, float) else str(k)): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_outputs(out: Path, report: dict[str, Any], markdown: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "transfer.md").write_text(markdown)
-    (out / "transfer.json").write_text(json.dumps(_jsonable(report), indent=2, allow_nan=False) + "\n")
+    (out / "transfer.json").write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
 
 
 # ------------------------------------------------------------------------ main

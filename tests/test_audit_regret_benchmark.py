@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpo.scheduler_state import json_safe
 from hpo.curve_bank import append_runs, curve_frame, load_bank
 from predictors import Controls, Predictor, SurrogateParams
 from predictors.predictor import DecisionError
@@ -96,7 +97,7 @@ def test_missing_runs_are_reported_not_fatal(report):
     assert {c.seed for c in sweep.cases} == {1, 2}
     text = audit.render(report)
     assert "c3" in text and "not banked" in text
-    json.dumps(audit._json_safe(asdict(report)), allow_nan=False)  # the JSON output is valid
+    json.dumps(json_safe(asdict(report)), allow_nan=False)  # the JSON output is valid
 
 
 # Asserts: a rule that picks the true best has regret exactly 0 (here predicted-best, whose
