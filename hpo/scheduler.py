@@ -247,11 +247,10 @@ class CollapseScheduler(FIFOScheduler):
         if isinstance(margin, str):
             if margin != "calibrated":
                 raise ValueError(f"margin: must be 'calibrated', a number >= 0 or a mapping, got {margin!r}")
-            self._margin_kind = "calibrated"
             self._margins = [0.0] * len(fractions)
+            # Per rung: a relative margin (calibrated) or None (σ margins in self._margins).
             self._rel_margins, self._margin_source = self._calibrated_margins(predictor, fractions)
         else:
-            self._margin_kind = "sigma"
             self._margins = self._parse_margin(margin, fractions)
             self._rel_margins = [None] * len(fractions)
             self._margin_source = "margin in combined standard deviations"
@@ -363,7 +362,7 @@ class CollapseScheduler(FIFOScheduler):
         return self._state
 
     def _settings(self) -> dict[str, Any]:
-        if self._margin_kind == "calibrated":
+        if self._rel_margins[0] is not None:
             margin: Any = "calibrated"
         elif isinstance(self._margin_arg, Mapping):
             margin = {f"{f:g}": m for f, m in zip(self._rungs, self._margins)}
@@ -749,22 +748,7 @@ class CollapseScheduler(FIFOScheduler):
                 keep = predictable[:cut]
                 # A calibrated margin is measured from the best; a σ margin from the cut.
                 anchor = best if calibrated else predictable[cut - 1]
-            spread = self._badness(predictable[-1].predicted_final_loss) - self._badness(best.predicted_final_loss)
-            rel = self._rel_margins[r]
-            if calibrated and rel and n > 1 and spread <= rel * abs(best.predicted_final_loss):
-                # The predicted finals differ by less than the predictor's measured error at
-                # this fraction: no honest ranking exists, so nobody is stopped.
-                kept_all = True
-                keep = list(predictable)
-                for e in predictable:
-                    reasons[e.trial_id] = (
-                        f"predicted {_fmt(e.predicted_final_loss, e.uncertainty)}; calibrated error "
-                        f"{100 * rel:.2f}% exceeds the spread {100 * spread / abs(best.predicted_final_loss):.2f}% "
-                        f"of the {n} predicted finals: keeping everyone"
-                    )
             for i, e in enumerate(predictable):
-                if kept_all:
-                    break
                 me = _fmt(e.predicted_final_loss, e.uncertainty)
                 if not last:
                     reasons[e.trial_id] = f"predicted {me} is {_ordinal(i + 1)} of {n}; keeping top {cut}"
@@ -784,6 +768,18 @@ class CollapseScheduler(FIFOScheduler):
                 elif within:
                     where = "the best" if calibrated else f"#{cut}"
                     reasons[e.trial_id] += f", but within {words} of {where}"
+            spread = self._badness(predictable[-1].predicted_final_loss) - self._badness(best.predicted_final_loss)
+            rel = self._rel_margins[r]
+            if calibrated and rel and n > 1 and spread <= rel * abs(best.predicted_final_loss):
+                # Every predicted final is within the predictor's measured error of the best
+                # (the loop above kept them all): no honest ranking exists; say so.
+                kept_all = True
+                for e in predictable:
+                    reasons[e.trial_id] = (
+                        f"predicted {_fmt(e.predicted_final_loss, e.uncertainty)}; calibrated error "
+                        f"{100 * rel:.2f}% exceeds the spread {100 * spread / abs(best.predicted_final_loss):.2f}% "
+                        f"of the {n} predicted finals: keeping everyone"
+                    )
         kept_ids = {e.trial_id for e in keep}
         survivors: list[str] = []
         to_stop: list[TrialRecord] = []
