@@ -42,7 +42,6 @@ Writes ``audit_regret.md``, ``audit_regret.json`` and ``regret_vs_fraction.png``
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -57,7 +56,7 @@ import pandas as pd
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo.calibrate import CalibrationConfig, load_calibration_config  # noqa: E402
+from hpo.calibrate import CalibrationConfig, SweepRun, load_calibration_config  # noqa: E402
 from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.overrides import ConfigError  # noqa: E402
 from hpo.replay import EPS, current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
@@ -83,36 +82,13 @@ class AuditError(Exception):
 # ---------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True)
-class Trial:
-    """One run of the audit: a configuration (``label``) of a sweep, in one replicate seed."""
-
-    sweep: str
-    label: str
-    seed: int
-    run_id: str
+#: One run of an audit sweep (sweep, label, seed, run_id): ``hpo.calibrate.SweepRun``.
+Trial = SweepRun
 
 
 def audit_trials(config: CalibrationConfig) -> list[Trial]:
-    """Every (sweep, configuration, seed) of the audit with the bank run_id it will have.
-
-    Each combination is resolved through ``CalibrationConfig.runs`` (so the run_id is exactly
-    the one the calibration banks); a run shared by two sweeps appears in both.
-    """
-    trials = []
-    for sweep, grid in config.sweeps.items():
-        keys = [k for k in grid if k != "seed"]
-        # Label by the keys that vary (a one-value key such as weight_decay: [0.4] is context).
-        shown = [k for k in keys if len(grid[k]) > 1] or keys
-        seeds = grid.get("seed", config.seeds)
-        for values in itertools.product(*(grid[k] for k in keys)):
-            point = dict(zip(keys, values))
-            label = ", ".join(f"{k}={point[k]:g}" if isinstance(point[k], (int, float)) else f"{k}={point[k]}"
-                              for k in shown)
-            for seed in seeds:
-                (resolved,) = config.runs([{**{k: [v] for k, v in point.items()}, "seed": [seed]}])
-                trials.append(Trial(sweep, label, int(seed), run_id_of(resolved)))
-    return trials
+    """Every (sweep, configuration, seed) of the audit with its bank run_id."""
+    return config.sweep_runs()
 
 
 # ---------------------------------------------------------------------- bank views

@@ -231,19 +231,14 @@ AGG_HEADERS = ["method", "sweeps", "mean regret", "max regret", "mean compute", 
 # ---------------------------------------------------------------------- main
 
 
-def config_sweeps(config_path: str, frame: Any) -> tuple[str, dict[str, list[str]]]:
-    """The named sweeps of a calibration config, one per replicate seed: (bank, {name: run ids})."""
-    from hpo.calibrate import load_calibration_config
-    from hpo.curve_bank import run_id_of
-
-    config = load_calibration_config(config_path)
+def config_sweeps(config: Any, frame: Any) -> dict[str, list[str]]:
+    """A calibration config's named sweeps, one per replicate seed: {name[seed=k]: run ids}."""
     if not config.sweeps:
-        raise SystemExit(f"{config_path}: no named `sweeps` to replay")
+        raise SystemExit(f"calibration {config.name!r}: no named `sweeps` to replay")
     banked = set(frame["run_id"]) if len(frame) else set()
     wanted: dict[str, list[str]] = {}
-    for name, grid in config.sweeps.items():
-        for run in config.runs([grid]):
-            wanted.setdefault(f"{name}[seed={run['seed']}]", []).append(run_id_of(run))
+    for run in config.sweep_runs():
+        wanted.setdefault(f"{run.sweep}[seed={run.seed}]", []).append(run.run_id)
     out: dict[str, list[str]] = {}
     for key, run_ids in wanted.items():
         missing = [r for r in run_ids if r not in banked]
@@ -253,15 +248,16 @@ def config_sweeps(config_path: str, frame: Any) -> tuple[str, dict[str, list[str
             print(f"[{key}] skipped: {len(missing)} of {len(run_ids)} runs not in the bank (yet)")
         else:
             out[key] = run_ids
-    return config.bank, out
+    return out
 
 
 def run(args: argparse.Namespace) -> list[MethodOutcome]:
-    configured: Optional[dict[str, list[str]]] = None
+    calibration = None
     if args.config:
         from hpo.calibrate import load_calibration_config
 
-        args.bank = args.bank or load_calibration_config(args.config).bank
+        calibration = load_calibration_config(args.config)
+        args.bank = args.bank or calibration.bank
     if not args.bank:
         raise SystemExit("give --bank or --config")
     bank = Path(args.bank)
@@ -273,9 +269,7 @@ def run(args: argparse.Namespace) -> list[MethodOutcome]:
     out = Path(args.out)
     (out / "states").mkdir(parents=True, exist_ok=True)
     finals = true_finals(frame, args.loss_column)
-    if args.config:
-        _, configured = config_sweeps(args.config, frame)
-    sweeps = configured if configured is not None else bank_sweeps(frame, args.group_by)
+    sweeps = config_sweeps(calibration, frame) if calibration is not None else bank_sweeps(frame, args.group_by)
     if args.sweeps:
         sweeps = {k: v for k, v in sweeps.items() if any(s in k for s in args.sweeps)}
     ray_methods = [m for m in args.methods if m in RAY_METHODS]

@@ -38,6 +38,16 @@ class FitSettings(BaseModel):
     held_out_error: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepRun:
+    """One run of a named sweep: a configuration (``label``) in one replicate seed."""
+
+    sweep: str
+    label: str
+    seed: int
+    run_id: str
+
+
 class CalibrationConfig(BaseModel):
     """A calibration: base trainer, grid, seeds, where the bank and predictor go."""
 
@@ -110,6 +120,27 @@ class CalibrationConfig(BaseModel):
                 resolved = validated.model_dump(mode="json")
                 configs.setdefault(run_id_of(resolved), resolved)
         return list(configs.values())
+
+
+    def sweep_runs(self) -> list[SweepRun]:
+        """Every (named sweep, configuration, seed) with the bank run_id it gets.
+
+        Each combination is resolved through :meth:`runs`, so the run_id is exactly the one
+        the calibration banks; a run shared by two sweeps appears in both.
+        """
+        out = []
+        for sweep, grid in self.sweeps.items():
+            keys = [k for k in grid if k != "seed"]
+            # Label by the keys that vary (a one-value key such as weight_decay: [0.4] is context).
+            shown = [k for k in keys if len(grid[k]) > 1] or keys
+            for values in itertools.product(*(grid[k] for k in keys)):
+                point = dict(zip(keys, values))
+                label = ", ".join(f"{k}={point[k]:g}" if isinstance(point[k], (int, float)) else f"{k}={point[k]}"
+                                  for k in shown)
+                for seed in grid.get("seed", self.seeds):
+                    (resolved,) = self.runs([{**{k: [v] for k, v in point.items()}, "seed": [seed]}])
+                    out.append(SweepRun(sweep, label, int(seed), run_id_of(resolved)))
+        return out
 
 
 def load_calibration_config(path: str, overrides: tuple[str, ...] = ()) -> CalibrationConfig:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from hpo.calibrate import calibrate, leave_one_out_decision_error, load_calibration_config
-from hpo.curve_bank import load_bank
+from hpo.curve_bank import load_bank, run_id_of
 from hpo.overrides import ConfigError
 from predictors import Controls, Curve, Predictor
 from predictors.surrogate import SurrogateParams
@@ -96,6 +96,10 @@ def test_named_sweeps_share_runs_and_replicates_vary_the_data_stream(tmp_path: P
     assert len(runs) == 2 * (2 + 2 - 1)  # lr=0.01/B=1024 is in both sweeps
     assert {(r["seed"], r["data"]["data_seed"]) for r in runs} == {(3, 3), (4, 4)}
     assert len(config.runs([config.sweeps["lr"]])) == 4
+    # Each sweep lists its own runs per seed, with the run_ids the bank will hold.
+    sweep_runs = config.sweep_runs()
+    assert len(sweep_runs) == 8 and {r.label for r in sweep_runs if r.sweep == "lr"} == {"lr=0.005", "lr=0.01"}
+    assert {r.run_id for r in sweep_runs} == {run_id_of(r) for r in runs}
 
 
 def test_bank_only_calibration_writes_no_predictor(tmp_path: Path) -> None:
