@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from trainers.schedules import Schedule
 
@@ -17,33 +17,44 @@ class Controls:
         tau: AdamW timescale τ = B/(η·λ·D) (paper Eq. 2), > 0.
         tokens_per_param: TPP = D/N, > 0.
         schedule: the peak-normalised LR schedule, warmup included.
+        n_params: the run's non-embedding parameter count N, when known. The surrogate does
+            not depend on it; the predictor uses it only to tell whether the run is at the
+            model size it was calibrated on (and so which calibrated error applies).
     """
 
     tau: float
     tokens_per_param: float
     schedule: Schedule = field(default_factory=Schedule)
+    n_params: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("tau", "tokens_per_param"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+        n = self.n_params
+        if n is not None and (not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0):
+            raise ValueError(f"n_params: must be a finite number > 0 or None, got {n!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "tau": float(self.tau),
             "tokens_per_param": float(self.tokens_per_param),
             "schedule": self.schedule.name,
             "warmup_fraction": float(self.schedule.warmup_fraction),
             "decay_fraction": float(self.schedule.decay_fraction),
         }
+        if self.n_params is not None:
+            out["n_params"] = float(self.n_params)
+        return out
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "Controls":
         """Build from a flat mapping such as a Ray Tune result or a curve bank row.
 
         Keys: ``tau``, ``tokens_per_param``, ``schedule`` (name, default ``linear``),
-        ``warmup_fraction`` (default 0.1), ``decay_fraction`` (default 0.2).
+        ``warmup_fraction`` (default 0.1), ``decay_fraction`` (default 0.2), ``n_params``
+        (optional; a missing, non-finite or non-positive value is left unknown).
         """
         missing = [k for k in ("tau", "tokens_per_param") if data.get(k) is None]
         if missing:
@@ -53,4 +64,10 @@ class Controls:
             warmup_fraction=float(data.get("warmup_fraction", 0.1)),
             decay_fraction=float(data.get("decay_fraction", 0.2)),
         )
-        return cls(float(data["tau"]), float(data["tokens_per_param"]), schedule)
+        n_params: Optional[float] = None
+        try:
+            raw = float(data.get("n_params"))  # type: ignore[arg-type]
+            n_params = raw if math.isfinite(raw) and raw > 0 else None
+        except (TypeError, ValueError):
+            n_params = None
+        return cls(float(data["tau"]), float(data["tokens_per_param"]), schedule, n_params)

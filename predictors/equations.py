@@ -54,6 +54,19 @@ def normalized_loss(loss: Any, final_loss: float) -> np.ndarray:
     return np.asarray(loss, dtype=np.float64) / final_loss
 
 
+def reducible_normalized_loss(loss: Any, final_loss: float, irreducible_loss: float) -> np.ndarray:
+    """ℓ(t̂) = (L(t̂) − L̂)/(L(1) − L̂): Eq. 1 with the irreducible-loss offset L̂ of Qiu et al.
+    (paper §2; the paper itself sets L̂ = 0 and lists why offsets did not help as open, App. A)."""
+    return (np.asarray(loss, dtype=np.float64) - irreducible_loss) / (final_loss - irreducible_loss)
+
+
+def loss_from_normalized(ell: Any, final_loss: Any, irreducible_loss: float = 0.0) -> np.ndarray:
+    """L(t̂) = L̂ + (L(1) − L̂)·ℓ(t̂): Eq. 1 solved for the loss (L̂ = 0 gives L(1)·ℓ)."""
+    return irreducible_loss + (np.asarray(final_loss, dtype=np.float64) - irreducible_loss) * np.asarray(
+        ell, dtype=np.float64
+    )
+
+
 def b_of_tau(b_const: float, b_exp: float, tau: Any) -> np.ndarray:
     """b = b_const·τ^b_exp. Paper §5, Eq. 5 (App. D.1, Eq. 24)."""
     return b_const * np.asarray(tau, dtype=np.float64) ** b_exp

@@ -24,12 +24,24 @@ Procedure (paper App. D.1, with the unstated details ours, see docs/predictor.md
    (s in ``decision_fractions``) with the predictor's alignment; the RMS relative error per s is
    stored in the predictor (in-sample, so optimistic; documented).
 
-If all curves share one τ (one TPP), b_exp (q_exp) is not identifiable and is fixed to 0.
+Robustness (issue 10): every parameter stays in a physical box (``FitBounds``; Nelder–Mead
+runs with those bounds, and a point where some reference curve's b or q leaves
+``surrogate.B_BOX``/``Q_BOX`` is rejected), so a fit is always finite. A parameter the bank
+cannot identify is fixed and said so (``FitResult.notes``, provenance ``fixed_parameters``):
+b_exp (q_exp) when τ (TPP) spans less than ``MIN_SPAN``× (one value, or two nearly equal
+ones), and q (q_const = 1, q_exp = 0) when no curve's schedule varies over the fit window
+(a constant LR: only b·(1+ε2)^q would be seen).
+
+Irreducible loss (``fit_irreducible=True``): one offset L̂ in loss units shared by every curve
+(Eq. 1 with L̂, ``equations.reducible_normalized_loss``), fitted in [0, 0.9·lowest reference
+loss]. The objective stays the MAE in ℓ = L/L(1) units, with the model
+L̂/L(1) + (1 − L̂/L(1))·ℓ̂ (so a larger L̂ cannot shrink the error by rescaling it).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,11 +53,18 @@ from predictors import equations
 from predictors.align import AlignSettings
 from predictors.curves import Curve
 from predictors.predictor import DECISION_FRACTIONS, DecisionError, Predictor, package_version
-from predictors.surrogate import SurrogateParams
+from predictors.surrogate import B_BOX, Q_BOX, SurrogateParams
 
 # A curve must reach within this of t_min/t_max, and end within FINAL_TOL of t̂ = 1.
 COVER_TOL = 0.01
 FINAL_TOL = 0.01
+logger = logging.getLogger(__name__)
+# An exponent is fitted only when its covariate (τ or TPP) spans at least this factor.
+MIN_SPAN = 1.5
+# The irreducible loss is searched in [0, L0_MAX_FRACTION · lowest reference loss].
+L0_MAX_FRACTION = 0.9
+# Objective value of a parameter point outside the box (no finite fit ever scores this).
+OUTSIDE_BOX = 1e6
 
 
 @dataclass(frozen=True)
@@ -57,9 +76,9 @@ class FitBounds:
     q_const: tuple[float, float] = (1e-2, 1e1)
     q_exp: tuple[float, float] = (-1.5, 1.5)
     m: tuple[float, float] = (0.005, 0.6)
-    # Ranges of the per-curve MAE tables in b and q.
-    b_table: tuple[float, float] = (1e-5, 1e3)
-    q_table: tuple[float, float] = (1e-3, 30.0)
+    # Ranges of the per-curve MAE tables in b and q (the physical box of the surrogate).
+    b_table: tuple[float, float] = B_BOX
+    q_table: tuple[float, float] = Q_BOX
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +95,7 @@ class FitResult:
             loss (NaN where a curve had too few points before s).
         iterations: alternating-search iterations run.
         elapsed_s: wall time of the fit.
+        notes: the fit log: parameters fixed as unidentifiable, bounds that were hit.
     """
 
     predictor: Predictor
@@ -88,6 +108,7 @@ class FitResult:
     decision_rel_errors: dict[float, np.ndarray] = field(default_factory=dict)
     iterations: int = 0
     elapsed_s: float = 0.0
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -103,6 +124,8 @@ class _Data:
     tpp: np.ndarray  # (C,)
     eps1: float
     eps2: float
+    final: np.ndarray  # (C, 1) loss at the last point (the normaliser L(1))
+    min_loss: float  # lowest loss of any curve from t_min on (bounds the irreducible loss)
 
 
 def _prepare(curves: Sequence[Curve], t_min: float, t_max: float, grid_points: int, eps1: float, eps2: float) -> _Data:
@@ -113,6 +136,8 @@ def _prepare(curves: Sequence[Curve], t_min: float, t_max: float, grid_points: i
     eta1 = np.empty((n, 1))
     t_last = np.empty((n, 1))
     eta_last = np.empty((n, 1))
+    final = np.empty((n, 1))
+    min_loss = math.inf
     for i, c in enumerate(curves):
         if not isinstance(c, Curve):
             raise ValueError(f"fit: curves[{i}] is a {type(c).__name__}, expected a Curve")
@@ -132,9 +157,12 @@ def _prepare(curves: Sequence[Curve], t_min: float, t_max: float, grid_points: i
         eta1[i, 0] = sched(1.0)
         t_last[i, 0] = t[-1]
         eta_last[i, 0] = sched(t[-1])
+        final[i, 0] = c.final_loss
+        min_loss = min(min_loss, float(np.min(c.loss[t >= t_min])))
     tau = np.array([c.controls.tau for c in curves], dtype=np.float64)
     tpp = np.array([c.controls.tokens_per_param for c in curves], dtype=np.float64)
-    return _Data(grid, ell, eta, eta1, t_last, eta_last, bool(np.any(t_last < 1.0)), tau, tpp, eps1, eps2)
+    return _Data(grid, ell, eta, eta1, t_last, eta_last, bool(np.any(t_last < 1.0)), tau, tpp, eps1, eps2,
+                 final, min_loss)
 
 
 def _model(d: _Data, b: np.ndarray, q: np.ndarray, m: Any, rows: Any = slice(None)) -> np.ndarray:
@@ -149,16 +177,26 @@ def _model(d: _Data, b: np.ndarray, q: np.ndarray, m: Any, rows: Any = slice(Non
     return out
 
 
-def _curve_mae(d: _Data, b: np.ndarray, q: np.ndarray, m: Any, rows: Any = slice(None)) -> np.ndarray:
-    """Per-curve MAE; b, q of shape (..., C) → (..., C)."""
-    return np.mean(np.abs(_model(d, b, q, m, rows) - d.ell[rows]), axis=-1)
+def _curve_mae(
+    d: _Data, b: np.ndarray, q: np.ndarray, m: Any, rows: Any = slice(None), l0: Any = 0.0
+) -> np.ndarray:
+    """Per-curve MAE in ℓ = L/L(1) units; b, q of shape (..., C) → (..., C).
+
+    With an irreducible loss L̂ = ``l0`` (scalar, or shape (..., 1, 1)) the model of L/L(1) is
+    r + (1 − r)·ℓ̂ with r = L̂/L(1) per curve (Eq. 1 with the offset, solved for L).
+    """
+    model = _model(d, b, q, m, rows)
+    if np.any(np.asarray(l0) != 0.0):
+        r = np.asarray(l0) / d.final[rows]
+        model = r + (1.0 - r) * model
+    return np.mean(np.abs(model - d.ell[rows]), axis=-1)
 
 
 def _chunks(k: int, per: int, budget: int = 2_000_000) -> range:
     return range(0, k, max(1, budget // max(per, 1)))
 
 
-def _table(d: _Data, log_axis: np.ndarray, fixed: np.ndarray, m: float, vary: str) -> np.ndarray:
+def _table(d: _Data, log_axis: np.ndarray, fixed: np.ndarray, m: float, vary: str, l0: float = 0.0) -> np.ndarray:
     """MAE_i(x) for each x in exp(log_axis), the other parameter fixed per curve → (K, C).
 
     ``vary`` is ``"b"`` (``fixed`` holds q_i) or ``"q"`` (``fixed`` holds b_i).
@@ -169,7 +207,9 @@ def _table(d: _Data, log_axis: np.ndarray, fixed: np.ndarray, m: float, vary: st
     for k in range(0, log_axis.size, step):
         xk = np.exp(log_axis[k : k + step])[:, None] * np.ones(n)
         other = np.broadcast_to(fixed, xk.shape)
-        out[k : k + step] = _curve_mae(d, xk, other, m) if vary == "b" else _curve_mae(d, other, xk, m)
+        with np.errstate(over="ignore", under="ignore"):
+            out[k : k + step] = (_curve_mae(d, xk, other, m, l0=l0) if vary == "b"
+                                 else _curve_mae(d, other, xk, m, l0=l0))
     return out
 
 
@@ -222,6 +262,8 @@ def fit(
     m: float = equations.PAPER_M,
     eps1: float = equations.PAPER_EPS1,
     eps2: float = equations.PAPER_EPS2,
+    fit_irreducible: bool = False,
+    irreducible_loss: float = 0.0,
     grid_points: int = 200,
     grid_size: int = 41,
     table_size: int = 241,
@@ -239,17 +281,22 @@ def fit(
         t_min, t_max: the MAE window (paper: [0.2, 1]).
         fit_m: five-parameter mode (m fitted; otherwise fixed at ``m``).
         m, eps1, eps2: the constants of Eq. 4 (``m`` is the start value when ``fit_m``).
+        fit_irreducible: also fit the irreducible loss L̂ of Eq. 1 (module docstring); off
+            (L̂ = 0, the paper's choice) by default.
+        irreducible_loss: L̂ in loss units: the start value when ``fit_irreducible``, else
+            held fixed (must be below every reference loss).
         grid_points: size of the common t̂ grid the curves are resampled onto.
         grid_size: points per axis of each alternating 2-D grid search (then two zooms).
         table_size: points of the per-curve MAE tables in log b and log q.
         max_iterations: cap on alternating-search iterations.
         refine: run the Nelder–Mead refinement (off only for tests of the grid search).
-        bounds: search ranges (:class:`FitBounds`).
+        bounds: search ranges (:class:`FitBounds`); every fitted parameter stays inside them.
         align: alignment settings stored in the predictor (and used for ``decision_error``).
         decision_fractions: stop fractions at which ``decision_error`` is measured ([] skips it).
         provenance: extra provenance merged into the computed one (computed metrics win).
 
-    Raises ``ValueError`` on an empty list, bad windows, or curves that do not cover the window.
+    Always returns finite parameters. Raises ``ValueError`` on an empty list, bad windows,
+    curves that do not cover the window, or ``m`` outside ``bounds.m``.
     """
     t0 = time.perf_counter()
     bounds = bounds or FitBounds()
@@ -264,89 +311,91 @@ def fit(
     for name, v in (("m", m), ("eps1", eps1), ("eps2", eps2)):
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"fit: {name} must be a finite number > 0, got {v!r}")
+    if not (bounds.m[0] <= m <= bounds.m[1]):
+        raise ValueError(f"fit: m = {m!r} is outside the bounds {bounds.m}")
     d = _prepare(curves, t_min, t_max, grid_points, eps1, eps2)
-    free_b_exp = bool(np.ptp(np.log(d.tau)) > 1e-12)
-    free_q_exp = bool(np.ptp(np.log(d.tpp)) > 1e-12)
+    if not (math.isfinite(irreducible_loss) and 0.0 <= irreducible_loss < d.min_loss):
+        raise ValueError(f"fit: irreducible_loss must be in [0, {d.min_loss:.4g}) (the lowest reference loss), "
+                         f"got {irreducible_loss!r}")
+    fixed, notes = _identifiability(d)
+    free_b_exp = "b_exp" not in fixed
+    free_q_exp = "q_exp" not in fixed
+    free_q = "q_const" not in fixed
+    l0_max = max(L0_MAX_FRACTION * d.min_loss, irreducible_loss) if fit_irreducible else 0.0
 
     log_b_axis, log_q_axis = _table_axes(bounds, table_size)
     log_m_axis = np.linspace(math.log(bounds.m[0]), math.log(bounds.m[1]), 4 * grid_size)
 
-    def per_curve(p: np.ndarray, mm: float) -> np.ndarray:
-        b = p[0] * d.tau ** p[1]
-        q = p[2] * d.tpp ** p[3]
-        return _curve_mae(d, b, q, mm)
+    def per_curve(p: np.ndarray, mm: float, l0: float) -> np.ndarray:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            b = p[0] * d.tau ** p[1]
+            q = p[2] * d.tpp ** p[3]
+            return _curve_mae(d, b, q, mm, l0=l0)
 
-    # State: (b_const, b_exp, q_const, q_exp), m. Start from q = 1 for every curve.
+    def in_box(p: np.ndarray) -> bool:
+        # Every reference curve's b and q inside the surrogate's physical box.
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            b = p[0] * d.tau ** p[1]
+            q = p[2] * d.tpp ** p[3]
+        return bool(np.all((b >= B_BOX[0]) & (b <= B_BOX[1]) & (q >= Q_BOX[0]) & (q <= Q_BOX[1])))
+
+    def score(p: np.ndarray, mm: float, l0: float) -> float:
+        v = float(per_curve(p, mm, l0).mean()) if in_box(p) else OUTSIDE_BOX
+        return v if math.isfinite(v) else OUTSIDE_BOX
+
+    # State: (b_const, b_exp, q_const, q_exp), m, L̂. Start from q = 1 for every curve.
     p = np.array([0.1, 0.0, 1.0, 0.0])
-    mm = float(m)
-    best = float(per_curve(p, mm).mean())
+    mm, l0 = float(m), float(irreducible_loss)
+    best = score(p, mm, l0)
     iterations = 0
     for iterations in range(1, max_iterations + 1):
         before = best
         # (b_const, b_exp) with q fixed.
         q_now = p[2] * d.tpp ** p[3]
-        table = _table(d, log_b_axis, q_now, mm, "b")
+        table = _table(d, log_b_axis, q_now, mm, "b", l0)
         lc, e = _grid_pair(table, log_b_axis, d.tau, bounds.b_const, bounds.b_exp, free_b_exp, grid_size)
         cand = np.array([math.exp(lc), e, p[2], p[3]])
-        score = float(per_curve(cand, mm).mean())
-        if score < best:
-            p, best = cand, score
-        # (q_const, q_exp) with b fixed.
-        b_now = p[0] * d.tau ** p[1]
-        table = _table(d, log_q_axis, b_now, mm, "q")
-        lc, e = _grid_pair(table, log_q_axis, d.tpp, bounds.q_const, bounds.q_exp, free_q_exp, grid_size)
-        cand = np.array([p[0], p[1], math.exp(lc), e])
-        score = float(per_curve(cand, mm).mean())
-        if score < best:
-            p, best = cand, score
-        if fit_m:
+        if (s_ := score(cand, mm, l0)) < best:
+            p, best = cand, s_
+        if free_q:
+            # (q_const, q_exp) with b fixed.
             b_now = p[0] * d.tau ** p[1]
-            q_now = p[2] * d.tpp ** p[3]
+            table = _table(d, log_q_axis, b_now, mm, "q", l0)
+            lc, e = _grid_pair(table, log_q_axis, d.tpp, bounds.q_const, bounds.q_exp, free_q_exp, grid_size)
+            cand = np.array([p[0], p[1], math.exp(lc), e])
+            if (s_ := score(cand, mm, l0)) < best:
+                p, best = cand, s_
+        b_now = p[0] * d.tau ** p[1]
+        q_now = p[2] * d.tpp ** p[3]
+        if fit_m:
             ms = np.exp(log_m_axis)
-            scores = _curve_mae(d, b_now, q_now, ms[:, None, None]).mean(axis=-1)
+            scores = _curve_mae(d, b_now, q_now, ms[:, None, None], l0=l0).mean(axis=-1)
             k = int(np.argmin(scores))
             if float(scores[k]) < best:
                 mm, best = float(ms[k]), float(scores[k])
+        if fit_irreducible:
+            l0s = np.linspace(0.0, l0_max, 4 * grid_size)
+            scores = _curve_mae(d, b_now, q_now, mm, l0=l0s[:, None, None]).mean(axis=-1)
+            k = int(np.argmin(scores))
+            if float(scores[k]) < best:
+                l0, best = float(l0s[k]), float(scores[k])
         if before - best <= 1e-7 * max(before, 1e-12):
             break
 
     if refine:
-        from scipy.optimize import minimize  # imported here: the run-time predictor needs no scipy
+        p, mm, l0, best = _refine(p, mm, l0, best, score, bounds, fit_m, l0_max,
+                                  (True, free_b_exp, free_q, free_q_exp))
 
-        free = [True, free_b_exp, True, free_q_exp]
-
-        def pack(pp: np.ndarray, m_: float) -> np.ndarray:
-            x = [math.log(pp[0]), pp[1], math.log(pp[2]), pp[3]]
-            v = [xi for xi, f in zip(x, free) if f]
-            return np.array(v + ([math.log(m_)] if fit_m else []))
-
-        def unpack(x: np.ndarray) -> tuple[np.ndarray, float]:
-            it = iter(x)
-            full = [next(it) if f else 0.0 for f in free]
-            m_ = math.exp(next(it)) if fit_m else mm
-            return np.array([math.exp(full[0]), full[1], math.exp(full[2]), full[3]]), m_
-
-        def objective(x: np.ndarray) -> float:
-            pp, m_ = unpack(x)
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                v = float(per_curve(pp, m_).mean())
-            return v if math.isfinite(v) else 1e9
-
-        x = pack(p, mm)
-        for _ in range(2):
-            res = minimize(
-                objective, x, method="Nelder-Mead",
-                options={"xatol": 1e-6, "fatol": 1e-10, "maxiter": 4000, "adaptive": x.size > 3},
-            )
-            if res.fun < best:
-                x, best = res.x, float(res.fun)
-        p, mm = unpack(x)
-
-    params = SurrogateParams(float(p[0]), float(p[1]), float(p[2]), float(p[3]), float(mm), eps1, eps2)
-    b_fit = p[0] * d.tau ** p[1]
-    q_fit = p[2] * d.tpp ** p[3]
-    curve_mae = per_curve(p, mm)
-    ob, oq, oracle_curve = _oracle(d, b_fit, q_fit, mm, curve_mae, log_b_axis, log_q_axis)
+    notes += _bound_notes(p, mm, l0, bounds, fit_m, fit_irreducible, l0_max)
+    for note in notes:
+        logger.info("fit: %s", note)
+    params = SurrogateParams(float(p[0]), float(p[1]), float(p[2]), float(p[3]), float(mm), eps1, eps2, float(l0))
+    b_fit = np.asarray(params.b(d.tau))
+    q_fit = np.asarray(params.q(d.tpp))
+    curve_mae = per_curve(p, mm, l0)
+    if not np.all(np.isfinite(curve_mae)):  # the box makes this unreachable; never ship NaN
+        raise ValueError("fit: the fitted surrogate is non-finite on the reference curves")
+    ob, oq, oracle_curve = _oracle(d, b_fit, q_fit, mm, curve_mae, log_b_axis, log_q_axis, l0)
     fit_mae = float(curve_mae.mean())
     oracle_mae = float(oracle_curve.mean())
 
@@ -362,11 +411,110 @@ def fit(
 
     prov = _provenance(curves, provenance, fit_mae, oracle_mae, t_min, t_max, grid_points, fit_m,
                        free_b_exp, free_q_exp)
+    prov.update({"fixed_parameters": fixed, "fit_notes": list(notes),
+                 "irreducible_loss_fitted": bool(fit_irreducible)})
     predictor = Predictor(params, bool(fit_m), align, decision_error, prov)
     return FitResult(
         predictor, fit_mae, oracle_mae, curve_mae, oracle_curve, ob, oq, rel, iterations,
-        time.perf_counter() - t0,
+        time.perf_counter() - t0, tuple(notes),
     )
+
+
+def _identifiability(d: _Data) -> tuple[dict[str, str], list[str]]:
+    """Parameters the bank cannot identify (name → why), and the fit-log lines saying so."""
+    fixed: dict[str, str] = {}
+
+    def span(values: np.ndarray) -> float:
+        return float(values.max() / values.min())
+
+    if span(d.tau) < MIN_SPAN:
+        fixed["b_exp"] = (f"τ spans {d.tau.min():.4g}–{d.tau.max():.4g} (< {MIN_SPAN:g}×): "
+                          "b_exp fixed at 0")
+    if float(np.max(np.ptp(d.eta, axis=1))) < 1e-9:
+        why = ("the LR schedule is constant over the fit window in every curve, so only "
+               "b·(η+ε2)^q is seen: q fixed at 1 (q_const = 1, q_exp = 0)")
+        fixed["q_const"] = why
+        fixed["q_exp"] = why
+    elif span(d.tpp) < MIN_SPAN:
+        fixed["q_exp"] = (f"TPP spans {d.tpp.min():.4g}–{d.tpp.max():.4g} (< {MIN_SPAN:g}×): "
+                          "q_exp fixed at 0")
+    notes = [f"{name} not identifiable from the bank: {why}" for name, why in fixed.items()
+             if not (name == "q_exp" and "q_const" in fixed)]
+    return fixed, notes
+
+
+def _refine(
+    p: np.ndarray, mm: float, l0: float, best: float, score: Any, bounds: FitBounds,
+    fit_m: bool, l0_max: float, free: tuple[bool, bool, bool, bool],
+) -> tuple[np.ndarray, float, float, float]:
+    """Bounded Nelder–Mead on the free parameters (log b_const, b_exp, log q_const, q_exp
+    [, log m][, L̂]) from the grid optimum, restarted once; keeps the grid point if it is better."""
+    from scipy.optimize import minimize  # imported here: the run-time predictor needs no scipy
+
+    fit_l0 = l0_max > 0
+    boxes = [
+        (math.log(bounds.b_const[0]), math.log(bounds.b_const[1])), bounds.b_exp,
+        (math.log(bounds.q_const[0]), math.log(bounds.q_const[1])), bounds.q_exp,
+    ]
+    x_all = [math.log(p[0]), p[1], math.log(p[2]), p[3]]
+    x = [xi for xi, f in zip(x_all, free) if f]
+    box = [bx for bx, f in zip(boxes, free) if f]
+    if fit_m:
+        x.append(math.log(mm))
+        box.append((math.log(bounds.m[0]), math.log(bounds.m[1])))
+    if fit_l0:
+        x.append(l0)
+        box.append((0.0, l0_max))
+
+    def unpack(v: np.ndarray) -> tuple[np.ndarray, float, float]:
+        it = iter(v)
+        full = [next(it) if f else x0 for f, x0 in zip(free, x_all)]
+        m_ = math.exp(next(it)) if fit_m else mm
+        l_ = float(next(it)) if fit_l0 else l0
+        pp = np.array([math.exp(full[0]), full[1], math.exp(full[2]), full[3]])
+        # exp(log bound) can overshoot the bound by an ulp: clip back into the box.
+        lo = [bounds.b_const[0], bounds.b_exp[0], bounds.q_const[0], bounds.q_exp[0]]
+        hi = [bounds.b_const[1], bounds.b_exp[1], bounds.q_const[1], bounds.q_exp[1]]
+        return np.clip(pp, lo, hi), float(np.clip(m_, *bounds.m)), l_
+
+    def objective(v: np.ndarray) -> float:
+        return score(*unpack(v))
+
+    start = np.clip(np.array(x), [b[0] for b in box], [b[1] for b in box])
+    best_x = None
+    for _ in range(2):
+        res = minimize(
+            objective, start, method="Nelder-Mead", bounds=box,
+            options={"xatol": 1e-6, "fatol": 1e-10, "maxiter": 4000, "adaptive": start.size > 3},
+        )
+        if np.all(np.isfinite(res.x)) and res.fun < best:
+            best_x, best, start = res.x, float(res.fun), res.x
+    if best_x is None:
+        return p, mm, l0, best
+    p_new, m_new, l_new = unpack(best_x)
+    return p_new, m_new, l_new, best
+
+
+def _bound_notes(
+    p: np.ndarray, mm: float, l0: float, bounds: FitBounds, fit_m: bool, fit_l0: bool, l0_max: float
+) -> list[str]:
+    """Fit-log lines for parameters that ended on a bound (the data wanted more)."""
+    notes = []
+
+    def at_edge(value: float, lo: float, hi: float, log: bool) -> bool:
+        a, b, v = (math.log(lo), math.log(hi), math.log(value)) if log else (lo, hi, value)
+        return min(v - a, b - v) <= 1e-6 * max(1.0, b - a)
+
+    checks = [("b_const", p[0], bounds.b_const, True), ("b_exp", p[1], bounds.b_exp, False),
+              ("q_const", p[2], bounds.q_const, True), ("q_exp", p[3], bounds.q_exp, False)]
+    if fit_m:
+        checks.append(("m", mm, bounds.m, True))
+    for name, value, (lo, hi), log in checks:
+        if at_edge(float(value), lo, hi, log):
+            notes.append(f"{name} = {float(value):.4g} is on its bound [{lo:g}, {hi:g}]")
+    if fit_l0 and l0_max > 0 and l0 >= l0_max * (1 - 1e-6):
+        notes.append(f"irreducible loss L̂ = {l0:.4g} is on its bound (0.9 × the lowest reference loss)")
+    return notes
 
 
 def _table_axes(bounds: FitBounds, table_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -418,11 +566,16 @@ def score_curves(
         raise ValueError(f"score_curves: need 0 ≤ t_min < t_max ≤ 1, got t_min={t_min}, t_max={t_max}")
     p = predictor.params
     d = _prepare(curves, t_min, t_max, grid_points, p.eps1, p.eps2)
+    if p.irreducible_loss and d.min_loss <= p.irreducible_loss:
+        raise ValueError(
+            f"score_curves: a curve reaches loss {d.min_loss:.4g}, at or below the predictor's "
+            f"irreducible loss L̂ = {p.irreducible_loss:.4g}; this predictor cannot describe it"
+        )
     b = np.asarray(p.b(d.tau), dtype=np.float64)
     q = np.asarray(p.q(d.tpp), dtype=np.float64)
-    mae = _curve_mae(d, b, q, p.m)
+    mae = _curve_mae(d, b, q, p.m, l0=p.irreducible_loss)
     log_b_axis, log_q_axis = _table_axes(bounds, table_size)
-    ob, oq, oracle = _oracle(d, b, q, p.m, mae, log_b_axis, log_q_axis)
+    ob, oq, oracle = _oracle(d, b, q, p.m, mae, log_b_axis, log_q_axis, p.irreducible_loss)
     return CurveScores(mae, oracle, ob, oq)
 
 
@@ -434,18 +587,21 @@ def _oracle(
     mae0: np.ndarray,
     log_b_axis: np.ndarray,
     log_q_axis: np.ndarray,
+    l0: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-curve b, q (same m), started at the global fit and accepting only improvements."""
+    """Per-curve b, q (same m and L̂), started at the global fit and accepting only improvements.
+
+    Stays inside the tables' box (the surrogate's physical box)."""
     lb, lq, best = np.log(b0), np.log(q0), mae0.copy()
     # Coordinate search on the tables (exact values at table points).
     for _ in range(4):
-        table = _table(d, log_b_axis, np.exp(lq), m, "b")
+        table = _table(d, log_b_axis, np.exp(lq), m, "b", l0)
         k = np.argmin(table, axis=0)
         cand = table[k, np.arange(table.shape[1])]
         better = cand < best
         lb = np.where(better, log_b_axis[k], lb)
         best = np.where(better, cand, best)
-        table = _table(d, log_q_axis, np.exp(lb), m, "q")
+        table = _table(d, log_q_axis, np.exp(lb), m, "q", l0)
         k = np.argmin(table, axis=0)
         cand = table[k, np.arange(table.shape[1])]
         better = cand < best
@@ -455,10 +611,10 @@ def _oracle(
     step = np.full(lb.shape, 0.5 * (log_b_axis[1] - log_b_axis[0]) * 4)
     moves = np.array([[1, 0], [-1, 0], [0, 1], [0, -1], [1, 1], [-1, -1], [1, -1], [-1, 1]], dtype=np.float64)
     for _ in range(200):
-        cb = lb[None, :] + moves[:, :1] * step[None, :]
-        cq = lq[None, :] + moves[:, 1:] * step[None, :]
-        with np.errstate(over="ignore", invalid="ignore"):
-            scores = _curve_mae(d, np.exp(cb), np.exp(cq), m)
+        cb = np.clip(lb[None, :] + moves[:, :1] * step[None, :], log_b_axis[0], log_b_axis[-1])
+        cq = np.clip(lq[None, :] + moves[:, 1:] * step[None, :], log_q_axis[0], log_q_axis[-1])
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            scores = _curve_mae(d, np.exp(cb), np.exp(cq), m, l0=l0)
         scores = np.where(np.isfinite(scores), scores, np.inf)
         j = np.argmin(scores, axis=0)
         cols = np.arange(lb.size)
@@ -487,10 +643,13 @@ def _decision_errors(
             t, y = c.head(s + 1e-12)
             if t.size < predictor.align.min_points:
                 continue
-            pred = predictor.predict_final(t, y, c.controls).final_loss
+            try:
+                pred = predictor.predict_final(t, y, c.controls).final_loss
+            except ValueError:  # e.g. a loss at or below the irreducible loss: no prediction
+                continue
             # Compare at the curve's last point (t̂ = 1 for complete logs).
             t_last = float(c.t_hat[-1])
-            at_last = pred * float(predictor.normalized_curve([t_last], c.controls)[0])
+            at_last = float(predictor.loss_curve([t_last], c.controls, pred)[0])
             errs[i] = at_last / c.final_loss - 1.0
         if np.any(np.isfinite(errs)):
             out[s] = errs

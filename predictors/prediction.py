@@ -20,6 +20,8 @@ class Prediction:
         segment_start: the first training fraction used in the alignment.
         n_points: number of curve points in the aligned segment.
         residual: RMS relative residual of the aligned segment (L/L(T) − ℓ̂).
+        error_source: which calibrated error e(s) went into ``uncertainty`` (in-scale,
+            cross-scale, or uncalibrated) and why.
     """
 
     final_loss: float
@@ -28,6 +30,7 @@ class Prediction:
     segment_start: float
     n_points: int
     residual: float
+    error_source: str = "uncalibrated"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,13 +32,18 @@ from predictors.prediction import Prediction
 from predictors.surrogate import SurrogateParams
 
 SCHEMA = "collapse-hpo/predictor"
-SCHEMA_VERSION = 1
+# Version 2 added params.irreducible_loss and decision_error.cross_scale (both optional, so
+# version-1 files still load unchanged).
+SCHEMA_VERSION = 2
 # Used when the hpo package cannot be imported (predictors must stay importable on its own).
 FALLBACK_VERSION = "0.1.0"
 # The stop fractions at which fit() measures the decision error by default.
 DECISION_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 # Sub-samples per point when ℓ̂ is averaged over a trailing smoothing window.
 SMOOTHING_SUBSAMPLES = 16
+# A run is at the calibrated scale when its TPP (and N, when known) lies within this relative
+# distance of a TPP (N) the predictor was calibrated on.
+SCALE_TOLERANCE = 0.1
 
 
 def package_version() -> str:
@@ -59,6 +64,10 @@ class DecisionError:
     (predicted final / true final − 1) over the calibration curves when predicting from the
     first ``stop_fractions[i]`` of training. Between table points it is interpolated linearly;
     outside the table it is held at the nearest end (documented in docs/predictor.md).
+
+    ``cross_scale`` (optional, same stop fractions) is the error measured across scales: the
+    predictor refitted without one model size or one TPP of the bank and scored on it
+    (``cross_scale_source`` says which); it applies to runs away from the calibrated scale.
     """
 
     stop_fractions: tuple[float, ...]
@@ -67,6 +76,8 @@ class DecisionError:
     n_curves: int = 0
     source: str = "in-sample"
     bias: Optional[tuple[float, ...]] = None
+    cross_scale: Optional[tuple[float, ...]] = None
+    cross_scale_source: Optional[str] = None
 
     def __post_init__(self) -> None:
         s = np.asarray(self.stop_fractions, dtype=np.float64)
@@ -81,6 +92,11 @@ class DecisionError:
             raise ValueError("decision_error: rel_error must be ≥ 0")
         if self.bias is not None and len(self.bias) != s.size:
             raise ValueError("decision_error: bias must have one entry per stop fraction")
+        if self.cross_scale is not None:
+            c = np.asarray(self.cross_scale, dtype=np.float64)
+            if c.shape != s.shape or not np.all(np.isfinite(c)) or np.any(c < 0):
+                raise ValueError("decision_error: cross_scale must hold one finite error ≥ 0 per stop fraction")
+            object.__setattr__(self, "cross_scale", tuple(float(x) for x in c))
         object.__setattr__(self, "stop_fractions", tuple(float(x) for x in s))
         object.__setattr__(self, "rel_error", tuple(float(x) for x in e))
         if self.bias is not None:
@@ -92,6 +108,12 @@ class DecisionError:
         """Relative error at ``stop_fraction`` (linear between table points, clamped outside)."""
         return float(np.interp(stop_fraction, self._s, self._e))  # type: ignore[attr-defined]
 
+    def cross_scale_at(self, stop_fraction: float) -> Optional[float]:
+        """The cross-scale error at ``stop_fraction`` (as :meth:`at`), or None if not measured."""
+        if self.cross_scale is None:
+            return None
+        return float(np.interp(stop_fraction, self._s, np.asarray(self.cross_scale)))  # type: ignore[attr-defined]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "stop_fractions": list(self.stop_fractions),
@@ -100,6 +122,8 @@ class DecisionError:
             "n_curves": int(self.n_curves),
             "source": self.source,
             "bias": None if self.bias is None else list(self.bias),
+            "cross_scale": None if self.cross_scale is None else list(self.cross_scale),
+            "cross_scale_source": self.cross_scale_source,
         }
 
 
@@ -137,6 +161,65 @@ class Predictor:
         t = check_t_hat(np.atleast_1d(np.asarray(t_hat, dtype=np.float64)), increasing=False)
         return self._ell_hat(t, controls)
 
+    def loss_curve(self, t_hat: Any, controls: Controls, final_loss: float) -> np.ndarray:
+        """The loss L(t̂) = L̂ + (L(1) − L̂)·ℓ̂(t̂) of a run whose final loss is ``final_loss``
+        (Eq. 1 solved for L; L(1)·ℓ̂ when the irreducible loss L̂ is 0)."""
+        return equations.loss_from_normalized(
+            self.normalized_curve(t_hat, controls), final_loss, self.params.irreducible_loss
+        )
+
+    # ------------------------------------------------------------------ scale
+    def scale_check(self, controls: Controls) -> tuple[bool, str]:
+        """Is a run with ``controls`` at the scale this predictor was calibrated on?
+
+        Returns (at_reference, why). At the reference means its TPP is within
+        ``SCALE_TOLERANCE`` of a calibrated TPP and, when ``controls.n_params`` is known, its N
+        within the same of a calibrated model size (``provenance`` ``tokens_per_param`` and
+        ``model_sizes``). A predictor without that provenance counts every run as at its scale;
+        an unknown N is assumed to be the reference's (said in ``why``).
+        """
+        prov = self.provenance
+
+        def near(value: float, known: Any) -> Optional[bool]:
+            try:
+                refs = [float(k) for k in known]
+            except (TypeError, ValueError):
+                return None
+            refs = [r for r in refs if math.isfinite(r) and r > 0]
+            if not refs:
+                return None
+            return any(abs(value / r - 1.0) <= SCALE_TOLERANCE for r in refs)
+
+        tpp_ok = near(float(controls.tokens_per_param), prov.get("tokens_per_param") or [])
+        if tpp_ok is False:
+            return False, (f"TPP {controls.tokens_per_param:g} is not a calibrated TPP "
+                           f"({', '.join(f'{float(v):g}' for v in prov['tokens_per_param'])})")
+        if controls.n_params is None:
+            return True, "N not reported: assumed the calibrated model size"
+        n_ok = near(float(controls.n_params), prov.get("model_sizes") or [])
+        if n_ok is False:
+            sizes = ", ".join(f"{float(v):.3g}" for v in prov["model_sizes"])
+            return False, f"N = {controls.n_params:.3g} is not a calibrated model size ({sizes})"
+        return True, "at the calibrated scale"
+
+    def relative_error(self, stop_fraction: float, controls: Controls) -> tuple[float, str]:
+        """The calibrated relative error e(s) that applies to a run with ``controls``, and its
+        source: the cross-scale error when the run is away from the calibrated scale and the
+        predictor measured one (and it is the larger), else the in-scale error; 0 when
+        uncalibrated."""
+        table = self.decision_error
+        if table is None:
+            return 0.0, "uncalibrated"
+        in_scale = table.at(stop_fraction)
+        at_reference, why = self.scale_check(controls)
+        cross = table.cross_scale_at(stop_fraction)
+        if at_reference or cross is None:
+            suffix = "" if at_reference else f"; {why}, but no cross-scale error was measured"
+            return in_scale, f"{table.source}{suffix}"
+        if cross >= in_scale:
+            return cross, f"{table.cross_scale_source or 'cross-scale'} ({why})"
+        return in_scale, f"{table.source} (larger than the cross-scale error; {why})"
+
     def _ell_hat(self, t: np.ndarray, controls: Controls) -> np.ndarray:
         if not isinstance(controls, Controls):
             raise ValueError(f"controls: must be a Controls, got {type(controls).__name__}")
@@ -170,11 +253,13 @@ class Predictor:
         """Predict the final loss L(T) of a run from its (smoothed) partial curve.
 
         The prediction is the divisor that best aligns the observed segment with ℓ̂ on the same
-        segment (paper §5 step 5), under ``self.align``. ``segment = (start, end)`` overrides
-        the segment (t̂ bounds; points outside are ignored). The uncertainty (1σ, loss units) is
-        L(T)·sqrt(residual² + e(s)²): the RMS relative residual of the alignment combined with
-        the calibrated relative error e(s) at the stop fraction s (``decision_error``; 0 when the
-        predictor is uncalibrated).
+        segment (paper §5 step 5), under ``self.align``; with an irreducible loss L̂ the
+        reducible part L − L̂ is aligned and L(T) = L̂ + divisor. ``segment = (start, end)``
+        overrides the segment (t̂ bounds; points outside are ignored). The uncertainty (1σ,
+        loss units) is L(T)·sqrt(residual² + e(s)²): the RMS relative residual of the alignment
+        combined with the calibrated relative error e(s) at the stop fraction s
+        (:meth:`relative_error`: the cross-scale error for a run away from the calibrated
+        scale; 0 when the predictor is uncalibrated).
 
         ``smoothing_window`` (t̂ units, optional): when the losses are a trailing mean over this
         window, ℓ̂ is averaged over the same trailing window before aligning, which removes the
@@ -182,7 +267,8 @@ class Predictor:
         against ℓ̂ itself.
 
         Raises ``ValueError`` on NaN/inf losses (a diverged run has no prediction), t̂ not
-        strictly increasing in [0, 1], or fewer than ``align.min_points`` points.
+        strictly increasing in [0, 1], fewer than ``align.min_points`` points, or losses at or
+        below the irreducible loss L̂.
         """
         settings = self.align
         t, y = check_curve(t_hat, loss, min_points=settings.min_points, name="predict_final")
@@ -200,24 +286,34 @@ class Predictor:
                     f"needs at least {settings.min_points}"
                 )
         ts, ys = t[i0:i1], y[i0:i1]
+        l0 = self.params.irreducible_loss
+        if l0 and float(ys.min()) <= l0:
+            raise ValueError(
+                f"predict_final: loss {float(ys.min()):.4g} is at or below the predictor's irreducible "
+                f"loss L̂ = {l0:.4g}; this predictor cannot describe the run"
+            )
         if smoothing_window:
             ell = self._smoothed_ell_hat(ts, float(t[0]), controls, smoothing_window)
         else:
             ell = self._ell_hat(ts, controls)
-        divisor = align_divisor(ys, ell, settings.objective)
+        reducible = ys - l0
+        divisor = align_divisor(reducible, ell, settings.objective)
         if not math.isfinite(divisor) or divisor <= 0:
             raise ValueError("predict_final: alignment gave a non-finite divisor")
-        residual = rms_relative_residual(ys, ell, divisor)
+        final = l0 + divisor
+        # The residual of the aligned reducible loss, expressed relative to the final loss.
+        residual = rms_relative_residual(reducible, ell, divisor) * divisor / final
         stop = float(ts[-1])
-        calibrated = self.decision_error.at(stop) if self.decision_error is not None else 0.0
-        sigma = divisor * math.sqrt(residual * residual + calibrated * calibrated)
+        calibrated, source = self.relative_error(stop, controls)
+        sigma = final * math.sqrt(residual * residual + calibrated * calibrated)
         return Prediction(
-            final_loss=divisor,
+            final_loss=final,
             uncertainty=sigma,
             stop_fraction=stop,
             segment_start=float(ts[0]),
             n_points=int(ts.size),
             residual=residual,
+            error_source=source,
         )
 
     def _smoothed_ell_hat(
@@ -239,13 +335,13 @@ class Predictor:
     def predict_curve(
         self, t_hat: Any, loss: Any, controls: Controls, t_out: Any = None
     ) -> np.ndarray:
-        """The whole predicted loss curve L(T)·ℓ̂(t̂) at ``t_out``.
+        """The whole predicted loss curve L̂ + (L(T) − L̂)·ℓ̂(t̂) at ``t_out`` (L(T)·ℓ̂ when L̂ = 0).
 
         ``t_out`` defaults to ``np.linspace(0, 1, 101)``; L(T) is :meth:`predict_final`'s.
         """
         final = self.predict_final(t_hat, loss, controls).final_loss
         grid = np.linspace(0.0, 1.0, 101) if t_out is None else t_out
-        return final * self.normalized_curve(grid, controls)
+        return self.loss_curve(grid, controls, final)
 
     # ------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
@@ -262,6 +358,7 @@ class Predictor:
                 "m": p.m,
                 "eps1": p.eps1,
                 "eps2": p.eps2,
+                "irreducible_loss": p.irreducible_loss,
                 "m_fitted": bool(self.m_fitted),
             },
             "alignment": self.align.to_dict(),
@@ -281,7 +378,8 @@ class Predictor:
             raise ValueError(f"{source}: invalid predictor file: {_describe(exc)}") from None
         pr = doc.params
         try:
-            params = SurrogateParams(pr.b_const, pr.b_exp, pr.q_const, pr.q_exp, pr.m, pr.eps1, pr.eps2)
+            params = SurrogateParams(pr.b_const, pr.b_exp, pr.q_const, pr.q_exp, pr.m, pr.eps1, pr.eps2,
+                                     pr.irreducible_loss)
             align = AlignSettings(**doc.alignment.model_dump())
             de = None
             if doc.decision_error is not None:
@@ -289,6 +387,7 @@ class Predictor:
                 de = DecisionError(
                     tuple(d.stop_fractions), tuple(d.rel_error), d.statistic, d.n_curves, d.source,
                     None if d.bias is None else tuple(d.bias),
+                    None if d.cross_scale is None else tuple(d.cross_scale), d.cross_scale_source,
                 )
         except ValueError as exc:
             raise ValueError(f"{source}: invalid predictor file: {exc}") from None
@@ -333,6 +432,7 @@ class Predictor:
         return (
             f"Predictor(b_const={p.b_const:.4g}, b_exp={p.b_exp:.4g}, q_const={p.q_const:.4g}, "
             f"q_exp={p.q_exp:.4g}, m={p.m:.4g}{' (fitted)' if self.m_fitted else ''}, "
+            f"{f'L̂={p.irreducible_loss:.4g}, ' if p.irreducible_loss else ''}"
             f"align={self.align.objective}@[{self.align.start_ratio}·s, s], "
             f"calibrated={self.decision_error is not None})"
         )
@@ -351,6 +451,7 @@ class ParamsModel(_Strict):
     m: float = Field(gt=0)
     eps1: float = Field(gt=0)
     eps2: float = Field(gt=0)
+    irreducible_loss: float = Field(0.0, ge=0)
     m_fitted: bool
 
 
@@ -368,6 +469,8 @@ class DecisionErrorModel(_Strict):
     n_curves: int = Field(default=0, ge=0)
     source: str = "in-sample"
     bias: Optional[list[float]] = None
+    cross_scale: Optional[list[float]] = None
+    cross_scale_source: Optional[str] = None
 
     @field_validator("rel_error")
     @classmethod
@@ -389,16 +492,21 @@ class DecisionErrorModel(_Strict):
             raise ValueError("stop_fractions and rel_error must have the same length")
         if self.bias is not None and len(self.bias) != len(self.stop_fractions):
             raise ValueError("bias must have one entry per stop fraction")
+        if self.cross_scale is not None:
+            if len(self.cross_scale) != len(self.stop_fractions):
+                raise ValueError("cross_scale must have one entry per stop fraction")
+            if any(x < 0 for x in self.cross_scale):
+                raise ValueError("cross_scale errors must be ≥ 0")
         return self
 
 
 class PredictorFile(_Strict):
-    """The on-disk schema of a predictor (version 1)."""
+    """The on-disk schema of a predictor (versions 1 and 2; 2 adds optional fields)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, populate_by_name=True)
 
     schema_: Literal["collapse-hpo/predictor"] = Field(alias="schema")
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     params: ParamsModel
     alignment: AlignModel
     decision_error: Optional[DecisionErrorModel] = None

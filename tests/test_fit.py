@@ -144,3 +144,130 @@ def test_score_curves_reproduces_the_fit_and_scores_held_out_curves():
     assert np.all(held_out.oracle_curve_mae <= held_out.curve_mae + 1e-12)
     with pytest.raises(ValueError, match="no curves"):
         score_curves(r.predictor, [])
+
+
+# ----------------------------------------------------------------- degenerate banks (issue 10)
+
+
+def _finite_predictor(r) -> None:
+    """Every parameter finite and inside the fit's box, and predictions finite at wild controls."""
+    from predictors.fit import FitBounds
+
+    p, bounds = r.predictor.params, FitBounds()
+    assert all(np.isfinite([p.b_const, p.b_exp, p.q_const, p.q_exp, p.m, p.irreducible_loss]))
+    assert bounds.b_const[0] <= p.b_const <= bounds.b_const[1] and bounds.b_exp[0] <= p.b_exp <= bounds.b_exp[1]
+    assert bounds.q_const[0] <= p.q_const <= bounds.q_const[1] and bounds.q_exp[0] <= p.q_exp <= bounds.q_exp[1]
+    assert bounds.m[0] <= p.m <= bounds.m[1]
+    assert np.isfinite(r.fit_mae) and np.isfinite(r.oracle_mae)
+    t = np.linspace(0.01, 0.3, 40)
+    for tau, tpp in ((0.2, 20.0), (1e-4, 1e6), (1e3, 0.5)):
+        c = Controls(tau, tpp)
+        ell = r.predictor.normalized_curve(t, c)
+        assert np.all(np.isfinite(ell)) and np.all(ell > 0)
+        pred = r.predictor.predict_final(t, 2.0 * ell, c)
+        assert np.isfinite(pred.final_loss) and np.isfinite(pred.uncertainty)
+
+
+@pytest.mark.parametrize("fit_m", [False, True])
+def test_one_tpp_bank_fixes_q_exp_and_says_so(fit_m):
+    # A bank of one TPP cannot identify q_exp: it is fixed at 0, noted in the fit log and in the
+    # predictor's provenance, and the fit (m free or not) stays finite.
+    truth = SurrogateParams(0.3, -0.3, 2.0, 0.0, m=0.15)
+    r = fit(make_curves(truth, noise=0.004, seed=7, tpps=[20.0]), fit_m=fit_m, t_min=0.05)
+    _finite_predictor(r)
+    assert r.predictor.params.q_exp == 0.0
+    assert "q_exp" in r.predictor.provenance["fixed_parameters"]
+    assert any("q_exp not identifiable" in n for n in r.notes)
+    assert r.predictor.provenance["fit_notes"] == list(r.notes)
+
+
+def test_two_nearly_equal_tpps_do_not_blow_up_q_exp():
+    # TPP 20 and 20.5 (a 2.5% lever arm): q_exp is not fitted (it used to run to ~1e2 and
+    # overflow), the predictor is finite and its JSON round-trips.
+    curves = make_curves(TRUE, noise=0.004, seed=8, tpps=[20.0, 20.5])
+    r = fit(curves, fit_m=True, t_min=0.05)
+    _finite_predictor(r)
+    assert r.predictor.params.q_exp == 0.0 and "q_exp" in r.predictor.provenance["fixed_parameters"]
+    from predictors import Predictor
+
+    assert Predictor.from_dict(r.predictor.to_dict()).params == r.predictor.params
+
+
+def test_two_curves_give_a_finite_predictor():
+    # The smallest bank: two curves at one TPP and two τ.
+    r = fit(make_curves(TRUE, noise=0.003, seed=9, taus=[0.1, 0.4], tpps=[80.0]), fit_m=True)
+    _finite_predictor(r)
+    assert r.predictor.decision_error is not None
+
+
+def test_constant_lr_bank_fixes_q_and_says_why():
+    # With a constant LR over the fit window only b·(1+ε2)^q is seen: q is fixed at 1
+    # (q_const = 1, q_exp = 0) and the note names the constant schedule.
+    r = fit(make_curves(TRUE, noise=0.003, seed=10, schedule="constant"), fit_m=True, t_min=0.2)
+    _finite_predictor(r)
+    p = r.predictor.params
+    assert (p.q_const, p.q_exp) == (1.0, 0.0)
+    assert "constant" in r.predictor.provenance["fixed_parameters"]["q_const"]
+    assert any("q_const not identifiable" in n for n in r.notes)
+
+
+def test_parameters_stay_inside_their_bounds_when_the_data_want_more():
+    # Curves whose early phase is far steeper than the surrogate can follow drive q_const to
+    # its upper bound and (with a narrow m box) m to its lower one: both stop there, finitely,
+    # and the fit log names each bound that was hit.
+    from predictors.fit import FitBounds
+
+    t = np.linspace(0.002, 1.0, 300)
+    curves = [Curve(t, 1.0 + 5.0 * (1.0 - t) ** 8 + 0.01 * np.sin(40 * t) ** 2, Controls(tau, tpp))
+              for tau in (0.1, 0.4) for tpp in (20.0, 80.0)]
+    r = fit(curves, fit_m=True, t_min=0.05, bounds=FitBounds(m=(0.005, 0.05)))
+    p = r.predictor.params
+    assert np.isfinite(r.fit_mae) and 0.005 <= p.m <= 0.05 and p.q_const <= 10.0
+    assert any(n.startswith("m = ") and "on its bound" in n for n in r.notes)
+
+
+# ---------------------------------------------------------------- irreducible loss (issue 10)
+
+
+def _offset_curves(params, l0: float, finals=(1.6, 1.9), noise=0.0, seed=0):
+    """Curves whose reducible loss follows the surrogate: L = L̂ + (L(1) − L̂)·ℓ̂."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.002, 1.0, 400)
+    out = []
+    for k, tpp in enumerate(TPPS):
+        for tau in TAUS:
+            c = Controls(float(tau), float(tpp))
+            final = finals[k % len(finals)]
+            y = l0 + (final - l0) * normalized_surrogate(t, c, params)
+            out.append(Curve(t, y * (1 + rng.normal(0, noise, t.size)), c))
+    return out
+
+
+def test_irreducible_loss_is_recovered_and_used_in_predictions():
+    # Curves built with L̂ = 1.0: fitting L̂ recovers it and beats L̂ = 0; the predictor then
+    # predicts the final loss of such a curve from its first 30% to within 0.5%, and refuses
+    # a run whose loss is below L̂ with a named error.
+    curves = _offset_curves(TRUE, 1.0)
+    with_l0 = fit(curves, fit_irreducible=True, t_min=0.05)
+    without = fit(curves, t_min=0.05)
+    assert with_l0.predictor.params.irreducible_loss == pytest.approx(1.0, rel=0.02)
+    assert with_l0.fit_mae < 0.5 * without.fit_mae
+    assert with_l0.predictor.provenance["irreducible_loss_fitted"]
+    c = curves[4]
+    t, y = c.head(0.3)
+    pred = with_l0.predictor.predict_final(t, y, c.controls)
+    assert pred.final_loss == pytest.approx(c.final_loss, rel=0.005)
+    curve = with_l0.predictor.predict_curve(t, y, c.controls, t_out=c.t_hat)
+    np.testing.assert_allclose(curve, c.loss, rtol=0.01)
+    with pytest.raises(ValueError, match="irreducible loss"):
+        with_l0.predictor.predict_final(t, y - 0.9, c.controls)
+
+
+def test_irreducible_loss_stays_zero_when_the_curves_have_none():
+    # On curves with no offset the fitted L̂ stays near 0 and the fit is as good as without it.
+    curves = make_curves(TRUE, noise=0.002, seed=11)
+    r = fit(curves, fit_irreducible=True)
+    assert r.predictor.params.irreducible_loss < 0.05
+    assert r.fit_mae <= fit(curves).fit_mae + 1e-4
+    with pytest.raises(ValueError, match="irreducible_loss"):
+        fit(curves, irreducible_loss=10.0)
