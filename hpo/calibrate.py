@@ -21,10 +21,12 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ray import tune
 
+from hpo import held_out
 from hpo.curve_bank import append_runs, bank_curves, curve_frame, load_bank, run_id_of
 from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
 from hpo.sweep_config import merge_trial
 from hpo.trainable import CollapseTrainable, short_trial_dirname
+from predictors import fit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +38,11 @@ class FitSettings(BaseModel):
     compare_fixed_m: bool = True  # also fit the paper's fixed-m mode and report both
     # Measure the decision-fraction error leave-one-out (one refit per curve) instead of in-sample.
     held_out_error: bool = True
+    # Also measure it across scales (leave-one-TPP-out, leave-one-size-out where the bank has
+    # two or more): the error the predictor states for runs away from the calibrated scale.
+    cross_scale_error: bool = True
+    # Fit the irreducible loss L̂ of Eq. 1 (ℓ = (L − L̂)/(L(1) − L̂)); the paper's L̂ = 0 otherwise.
+    irreducible_loss: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,36 +251,62 @@ class CurveCollector(tune.Callback):
 
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
     """Fit the predictor on the bank's completed curves of this calibration; write JSON + report."""
-    from predictors import fit
-
     frame = load_bank(bank_path)
     wanted = {run_id_of(c) for c in config.runs()}
     frame = frame[frame["run_id"].isin(wanted)]
-    curves = bank_curves(frame)
+    provenance = {"calibration": config.name, "bank": str(bank_path)}
+    return fit_and_report(bank_curves(frame), config.fit, predictor_path, _output(config),
+                          provenance=provenance, source=str(bank_path))
+
+
+def fit_and_report(
+    curves: list, settings: FitSettings, predictor_path: Path, out: Path, *,
+    provenance: dict[str, Any], source: str, notes: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The one calibration fit, for banked runs and for a user's own curves alike.
+
+    Leaves out (with a note) curves that do not reach the end of training; fits each mode;
+    measures the decision error leave-one-out and across scales and the coverage of the
+    intervals it states; writes the predictor JSON, ``calibration.json``/``.md`` and the
+    normalised-curve plot to ``out``. Raises ``ConfigError`` naming ``source`` when fewer
+    than 3 complete curves remain.
+    """
+    notes = list(notes)
+    complete = []
+    for curve in curves:
+        if float(curve.t_hat[-1]) < 0.99:
+            notes.append(f"run {curve.meta.get('name', '?')}: ends at t̂ = {float(curve.t_hat[-1]):.3g} "
+                         "(non-finite tail or stopped early); left out of the fit")
+        else:
+            complete.append(curve)
+    curves = complete
     if len(curves) < 3:
-        raise ConfigError(f"{bank_path}: only {len(curves)} completed curves for this calibration")
-    provenance = {
-        "calibration": config.name,
-        "corpus_hash": sorted(set(str(c.meta.get("corpus_hash")) for c in curves)),
-        "bank": str(bank_path),
-    }
-    results = {}
-    modes = [True, False] if config.fit.compare_fixed_m else [config.fit.fit_m]
+        raise ConfigError(f"{source}: only {len(curves)} complete curves to calibrate on (need 3)"
+                          + (f"; {'; '.join(notes)}" if notes else ""))
+    provenance = {**provenance,
+                  "corpus_hash": sorted(set(str(c.meta.get("corpus_hash")) for c in curves))}
+    results: dict[bool, Any] = {}
+    held: dict[bool, dict[str, Any]] = {}
+    modes = [True, False] if settings.compare_fixed_m else [settings.fit_m]
     for fit_m in modes:
-        result = fit(curves, t_min=config.fit.t_min, fit_m=fit_m,
+        fit_kwargs = {"t_min": settings.t_min, "fit_m": fit_m, "fit_irreducible": settings.irreducible_loss}
+        result = fit(curves, **fit_kwargs,
                      provenance={**provenance, "mode": "five-parameter" if fit_m else "paper (m fixed)"})
-        if config.fit.held_out_error and len(curves) >= 4:
+        held[fit_m] = {}
+        if settings.held_out_error and len(curves) >= 4:
             # The in-sample decision error is optimistic; the predictor ships the held-out one.
-            held_out = leave_one_out_decision_error(curves, t_min=config.fit.t_min, fit_m=fit_m)
+            loo = held_out.leave_one_out(curves, fit_kwargs=fit_kwargs)
+            cross = held_out.across_scales(curves, fit_kwargs=fit_kwargs) if settings.cross_scale_error else []
+            table = held_out.decision_error_table(loo, cross)
             result = dataclasses.replace(
-                result, predictor=dataclasses.replace(result.predictor, decision_error=held_out))
+                result, predictor=dataclasses.replace(result.predictor, decision_error=table))
+            held[fit_m] = {"leave-one-out": loo, "cross": cross}
         results[fit_m] = result
-    chosen_mode = _choose_mode(results, config.fit.fit_m)
+    chosen_mode = _choose_mode(results, settings.fit_m)
     chosen = results[chosen_mode]
     predictor_path.parent.mkdir(parents=True, exist_ok=True)
     chosen.predictor.save(predictor_path)
-    summary = _calibration_summary(curves, results, chosen_mode)
-    out = _output(config)
+    summary = _calibration_summary(curves, results, chosen_mode, held, notes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(summary, indent=2, default=float))
     _write_markdown(out / "calibration.md", summary)
@@ -291,24 +324,8 @@ def leave_one_out_decision_error(curves: list, *, t_min: float, fit_m: bool,
     The scheduler reads a rung at the first point at or past s, so the held-out curve is cut
     the same way. Returns a ``DecisionError`` (RMS, with the mean as ``bias``).
     """
-    from predictors import fit
-    from predictors.predictor import DecisionError
-
-    errors = np.full((len(fractions), len(curves)), np.nan)
-    for i, held_out in enumerate(curves):
-        rest = [c for j, c in enumerate(curves) if j != i]
-        predictor = fit(rest, t_min=t_min, fit_m=fit_m, decision_fractions=()).predictor
-        for k, s in enumerate(fractions):
-            n = int(np.searchsorted(held_out.t_hat, s - 1e-12, side="left")) + 1
-            if n < predictor.align.min_points or n > held_out.t_hat.size:
-                continue
-            prediction = predictor.predict_final(held_out.t_hat[:n], held_out.loss[:n], held_out.controls)
-            errors[k, i] = prediction.final_loss / held_out.final_loss - 1.0
-    keep = [k for k in range(len(fractions)) if np.isfinite(errors[k]).any()]
-    rms = [float(np.sqrt(np.nanmean(errors[k] ** 2))) for k in keep]
-    bias = [float(np.nanmean(errors[k])) for k in keep]
-    return DecisionError(tuple(fractions[k] for k in keep), tuple(rms), "rms", len(curves),
-                         "leave-one-out", tuple(bias))
+    loo = held_out.leave_one_out(curves, fit_kwargs={"t_min": t_min, "fit_m": fit_m}, fractions=fractions)
+    return held_out.decision_error_table(loo)
 
 
 def _choose_mode(results: dict[bool, Any], preferred: bool) -> bool:
@@ -327,7 +344,32 @@ def _choose_mode(results: dict[bool, Any], preferred: bool) -> bool:
     return min(results, key=lambda mode: (score(results[mode]), mode != preferred))
 
 
-def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bool) -> dict[str, Any]:
+def _coverage(held: dict[str, Any], table: Any) -> dict[str, Any]:
+    """Coverage of the stated ±1σ/±2σ intervals on the held-out predictions of one mode.
+
+    Leave-one-out predictions are judged with the in-scale e(s) the predictor states for runs
+    at its scale; cross-scale predictions with both the in-scale e(s) (what a predictor without
+    a cross-scale error would state) and the cross-scale e(s) (what this one states)."""
+    if not held or table is None:
+        return {}
+    fractions = list(table.stop_fractions)
+
+    def stated(values: Any) -> list[float]:
+        return [float(np.interp(s, fractions, values)) for s in held["leave-one-out"].fractions]
+
+    out = {"leave-one-out": held_out.coverage_table(held["leave-one-out"], {"in-scale e(s)": stated(table.rel_error)})}
+    for cross in held["cross"]:
+        labels = {"in-scale e(s)": stated(table.rel_error)}
+        if table.cross_scale is not None:
+            labels["cross-scale e(s)"] = stated(table.cross_scale)
+        out[cross.scheme] = held_out.coverage_table(cross, labels)
+    return out
+
+
+def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bool,
+                         held: Optional[dict[bool, dict[str, Any]]] = None,
+                         notes: Optional[list[str]] = None) -> dict[str, Any]:
+    held = held or {}
     chosen = results[chosen_mode]
     per_curve = pd.DataFrame({
         "run_id": [c.meta["name"] for c in curves],
@@ -343,6 +385,8 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
     modes = {}
     for fit_m, result in results.items():
         table = result.predictor.decision_error
+        cross = {c.scheme: {f"{s:g}": v for s, v in zip(c.fractions, c.rms())}
+                 for c in held.get(fit_m, {}).get("cross", [])}
         modes["five-parameter" if fit_m else "paper (m = 0.05)"] = {
             "fit_mae": float(result.fit_mae),
             "oracle_mae": float(result.oracle_mae),
@@ -350,9 +394,16 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
             "decision_error": ({f"{s:g}": e for s, e in zip(table.stop_fractions, table.rel_error)}
                                if table is not None else {}),
             "decision_error_source": table.source if table is not None else None,
+            "cross_scale_error": ({f"{s:g}": e for s, e in zip(table.stop_fractions, table.cross_scale)}
+                                  if table is not None and table.cross_scale is not None else {}),
+            "cross_scale_source": table.cross_scale_source if table is not None else None,
+            "cross_scale_by_scheme": cross,
+            "coverage": _coverage(held.get(fit_m, {}), table),
+            "fit_notes": list(result.notes),
         }
     return {
         "n_curves": len(curves),
+        "notes": list(notes or []),
         "chosen_mode": "five-parameter" if chosen_mode else "paper (m = 0.05)",
         "modes": modes,
         "by_tpp": {str(k): v for k, v in by_tpp.to_dict(orient="index").items()},
@@ -371,6 +422,26 @@ def _write_markdown(path: Path, summary: dict[str, Any]) -> None:
         errors = ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in info["decision_error"].items())
         lines.append(f"| {mode} | {100 * info['fit_mae']:.2f}% | {100 * info['oracle_mae']:.2f}% | {errors} "
                      f"| {info.get('decision_error_source')} |")
+    lines += ["", "Cross-scale error (refit without one TPP or model size, predict it; stated for runs away "
+              "from the calibrated scale):", ""]
+    for mode, info in summary["modes"].items():
+        for scheme, errors in info.get("cross_scale_by_scheme", {}).items():
+            lines.append(f"- {mode}, {scheme}: " + ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in errors.items()))
+        if not info.get("cross_scale_by_scheme"):
+            lines.append(f"- {mode}: not measured (the bank has one TPP and one model size, or too few curves)")
+    lines += ["", "## Coverage of the stated intervals", "",
+              "Fraction of held-out true finals inside predicted ± z·σ, σ = L̂(T)·sqrt(residual² + e(s)²) "
+              "(about 68% / 95% expected for z = 1 / 2).", "",
+              "| mode | held out | stated e(s) | s | ±1σ | ±2σ |", "|---|---|---|---|---|---|"]
+    for mode, info in summary["modes"].items():
+        for scheme, by_label in info.get("coverage", {}).items():
+            for label, by_s in by_label.items():
+                for s_, cov in by_s.items():
+                    lines.append(f"| {mode} | {scheme} | {label} | {s_} | {_pct(cov.get('1σ'))} | "
+                                 f"{_pct(cov.get('2σ'))} |")
+    notes = summary.get("notes", []) + [n for info in summary["modes"].values() for n in info.get("fit_notes", [])]
+    if notes:
+        lines += ["", "## Fit log", ""] + [f"- {n}" for n in dict.fromkeys(notes)]
     lines += ["", "## By TPP (chosen mode)", "", "| TPP | fit MAE | oracle MAE |", "|---|---|---|"]
     for tpp, row in summary["by_tpp"].items():
         lines.append(f"| {tpp} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
@@ -378,6 +449,10 @@ def _write_markdown(path: Path, summary: dict[str, Any]) -> None:
     for tau, row in summary["by_tau"].items():
         lines.append(f"| {tau} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
     path.write_text("\n".join(lines) + "\n")
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{100 * value:.0f}%"
 
 
 def _plot_normalized(curves: list, predictor: Any, path: Path) -> None:
@@ -395,7 +470,8 @@ def _plot_normalized(curves: list, predictor: Any, path: Path) -> None:
             colour = cmap(taus.index(curve.controls.tau) / max(1, len(taus) - 1))
             mask = curve.t_hat >= 0.05
             ax.plot(curve.t_hat[mask], curve.normalized[mask], color=colour, lw=1, alpha=0.8)
-            ax.plot(curve.t_hat[mask], predictor.normalized_curve(curve.t_hat[mask], curve.controls),
+            ax.plot(curve.t_hat[mask],
+                    predictor.loss_curve(curve.t_hat[mask], curve.controls, curve.final_loss) / curve.final_loss,
                     color=colour, lw=1, ls="--")
         ax.set_title(f"TPP ≈ {tpp} (solid: runs, dashed: ℓ̂)")
         ax.set_xlabel("training fraction t̂")

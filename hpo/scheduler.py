@@ -249,11 +249,12 @@ class CollapseScheduler(FIFOScheduler):
                 raise ValueError(f"margin: must be 'calibrated', a number >= 0 or a mapping, got {margin!r}")
             self._margins = [0.0] * len(fractions)
             # Per rung: a relative margin (calibrated) or None (σ margins in self._margins).
-            self._rel_margins, self._margin_source = self._calibrated_margins(predictor, fractions)
+            self._rel_margins, source = self._calibrated_margins(predictor, fractions)
+            self._margin_sources = [source] * len(fractions)
         else:
             self._margins = self._parse_margin(margin, fractions)
             self._rel_margins = [None] * len(fractions)
-            self._margin_source = "margin in combined standard deviations"
+            self._margin_sources = ["margin in combined standard deviations"] * len(fractions)
 
         self._predictor = predictor
         self._metric = metric
@@ -302,6 +303,31 @@ class CollapseScheduler(FIFOScheduler):
         scale = f" × {self._margin_scale:g}" if self._margin_scale != 1.0 else ""
         return rel, (f"the predictor's {how} decision error over {getattr(error, 'n_curves', '?')} "
                      f"calibration curves{scale}")
+
+    def _widen_for_scale(self, r: int, trial_ids: Any) -> None:
+        """A calibrated margin at rung ``r`` becomes the predictor's cross-scale error when any
+        of these trials runs away from the scale the predictor was calibrated on (another TPP or
+        model size: ``Predictor.relative_error``); it never narrows. The in-scale e(s) was
+        measured on runs like the calibration's and understates the error elsewhere."""
+        rel = self._rel_margins[r]
+        error_for = getattr(self._predictor, "relative_error", None)
+        if rel is None or not callable(error_for) or self._margin_scale == 0:
+            return
+        for tid in trial_ids:
+            rec = self._state.trials.get(tid)
+            if rec is None or rec.controls is None:
+                continue
+            try:
+                error, source = error_for(self._rungs[r], Controls.from_mapping(rec.controls))
+            except (KeyError, ValueError, TypeError):
+                continue
+            widened = float(error) * self._margin_scale
+            if widened > rel * (1 + 1e-12):
+                rel = self._rel_margins[r] = widened
+                scale = f" × {self._margin_scale:g}" if self._margin_scale != 1.0 else ""
+                self._margin_sources[r] = f"the predictor's {source}{scale}, for trial {tid}"
+                logger.info("CollapseScheduler: rung %g margin widened to %.2f%% (%s)",
+                            self._rungs[r], 100 * rel, self._margin_sources[r])
 
     @staticmethod
     def _parse_margin(margin: Any, fractions: list[float]) -> list[float]:
@@ -579,6 +605,7 @@ class CollapseScheduler(FIFOScheduler):
     def _judge_against_recorded(self, r: int, entry: RungEntry, why: str) -> tuple[bool, str]:
         """ASHA-like: judge one arrival against the predictions recorded at rung ``r``."""
         rung = self._state.rungs[r]
+        self._widen_for_scale(r, [entry.trial_id])
         if entry.predicted_final_loss is None:
             return True, f"no prediction ({why}); kept"
         recorded = [
@@ -730,6 +757,7 @@ class CollapseScheduler(FIFOScheduler):
             else:
                 participants.append(e)
         predictable = sorted((e for e in participants if e.predicted_final_loss is not None), key=self._rank_key)
+        self._widen_for_scale(r, [e.trial_id for e in predictable])
         n = len(predictable)
         keep: list[RungEntry] = []
         reasons: dict[str, str] = {}
@@ -1170,7 +1198,7 @@ class CollapseScheduler(FIFOScheduler):
         if short:
             return f"{100 * rel:.2f}%"
         return (f"{100 * rel:.2f}% of the predicted best at t̂ = {self._rungs[r]:g} "
-                f"({self._margin_source})")
+                f"({self._margin_sources[r]})")
 
     def debug_string(self) -> str:
         """One header line, then a line per rung: decided? survivors."""

@@ -213,9 +213,10 @@ class Predictor:
         in_scale = table.at(stop_fraction)
         at_reference, why = self.scale_check(controls)
         cross = table.cross_scale_at(stop_fraction)
-        if at_reference or cross is None:
-            suffix = "" if at_reference else f"; {why}, but no cross-scale error was measured"
-            return in_scale, f"{table.source}{suffix}"
+        if at_reference:
+            return in_scale, table.source + ("" if why == "at the calibrated scale" else f" ({why})")
+        if cross is None:
+            return in_scale, f"{table.source}; {why}, but no cross-scale error was measured"
         if cross >= in_scale:
             return cross, f"{table.cross_scale_source or 'cross-scale'} ({why})"
         return in_scale, f"{table.source} (larger than the cross-scale error; {why})"

@@ -110,3 +110,32 @@ def test_bank_only_calibration_writes_no_predictor(tmp_path: Path) -> None:
     summary = calibrate(str(_write(tmp_path, data)), fit_only=True)
     assert summary["predictor"] is None and summary["n_banked"] == 0
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_fit_and_report_leaves_out_incomplete_curves_and_reports_coverage(tmp_path: Path) -> None:
+    # A curve cut short (a NaN tail dropped by the bank) is left out with a note; the report
+    # holds the cross-scale error and the coverage of the stated intervals; the predictor file
+    # carries the cross-scale table. Too few complete curves is one error naming the source.
+    from hpo.calibrate import FitSettings, fit_and_report
+
+    truth = Predictor(SurrogateParams(0.2, -0.5, 0.3, -0.1, m=0.15))
+    t = np.linspace(0.01, 1.0, 150)
+    curves = []
+    for tpp in (20.0, 80.0):
+        for tau in (0.05, 0.2, 0.8):
+            controls = Controls(tau, tpp, Schedule("linear"))
+            curves.append(Curve(t, 1.7 * truth.normalized_curve(t, controls), controls, {"name": f"r{tpp:g}-{tau:g}"}))
+    cut = Curve(t[:100], curves[0].loss[:100], curves[0].controls, {"name": "nan-tail"})
+    settings = FitSettings(t_min=0.05, compare_fixed_m=False)
+    summary = fit_and_report(curves + [cut], settings, tmp_path / "p.json", tmp_path / "out",
+                             provenance={}, source="test-bank")
+    assert summary["n_curves"] == 6 and any("nan-tail" in n and "left out" in n for n in summary["notes"])
+    mode = summary["modes"]["five-parameter"]
+    assert set(mode["coverage"]) == {"leave-one-out", "leave-one-TPP-out"}
+    assert set(mode["coverage"]["leave-one-TPP-out"]) == {"in-scale e(s)", "cross-scale e(s)"}
+    text = (tmp_path / "out" / "calibration.md").read_text()
+    assert "Coverage of the stated intervals" in text and "nan-tail" in text
+    assert Predictor.load(tmp_path / "p.json").decision_error.cross_scale is not None
+    with pytest.raises(ConfigError, match="test-bank: only 2 complete curves"):
+        fit_and_report(curves[:2] + [cut], settings, tmp_path / "q.json", tmp_path / "out2",
+                       provenance={}, source="test-bank")

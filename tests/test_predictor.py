@@ -117,3 +117,62 @@ def test_save_refuses_nan_parameters():
     # A predictor cannot even be built with NaN parameters, so a NaN never reaches the file.
     with pytest.raises(ValueError, match="b_exp"):
         SurrogateParams(0.3, float("nan"), 2.0, -0.2)
+
+
+# ------------------------------------------------------- scale-dependent uncertainty (issue 10)
+
+CROSS = Predictor(
+    SurrogateParams(0.31, -0.27, 1.9, -0.21, m=0.14),
+    decision_error=DecisionError((0.1, 0.3), (0.02, 0.01), source="leave-one-out",
+                                 cross_scale=(0.07, 0.05), cross_scale_source="leave-one-TPP-out (3 groups)"),
+    provenance={"tokens_per_param": [20.0, 80.0], "model_sizes": [100672]},
+)
+
+
+@pytest.mark.parametrize(
+    "controls, expected, words",
+    [
+        (Controls(0.3, 20.0, n_params=100672), 0.02, "leave-one-out"),
+        (Controls(0.3, 84.0), 0.02, "N not reported"),  # within 10% of TPP 80; N unknown
+        (Controls(0.3, 40.0, n_params=100672), 0.07, "TPP 40 is not a calibrated TPP"),
+        (Controls(0.3, 20.0, n_params=620320), 0.07, "not a calibrated model size"),
+    ],
+)
+def test_relative_error_uses_the_cross_scale_error_away_from_the_calibrated_scale(controls, expected, words):
+    # A run at a calibrated TPP and size gets the in-scale e(s); another TPP or model size gets
+    # the (larger) cross-scale error, and the prediction's uncertainty and source follow it.
+    error, source = CROSS.relative_error(0.1, controls)
+    assert error == pytest.approx(expected) and words in source
+    pred = CROSS.predict_final(T[:100], Y[:100], controls)
+    assert pred.uncertainty >= pred.final_loss * expected
+    assert words in pred.error_source
+
+
+def test_off_scale_run_without_a_cross_scale_table_keeps_the_in_scale_error_and_says_so():
+    error, source = PRED.relative_error(0.1, Controls(0.3, 40.0))
+    assert error == pytest.approx(0.03)
+    assert Predictor(PRED.params).relative_error(0.1, CTRL) == (0.0, "uncalibrated")
+    off = Predictor(PRED.params, decision_error=PRED.decision_error, provenance={"tokens_per_param": [20.0]})
+    assert "no cross-scale error was measured" in off.relative_error(0.1, Controls(0.3, 40.0))[1]
+
+
+def test_version_1_files_still_load(tmp_path):
+    # A predictor written before schema 2 (no irreducible_loss, no cross_scale) loads unchanged.
+    doc = CROSS.to_dict()
+    doc["schema_version"] = 1
+    del doc["params"]["irreducible_loss"]
+    del doc["decision_error"]["cross_scale"], doc["decision_error"]["cross_scale_source"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    back = Predictor.load(path)
+    assert back.params.irreducible_loss == 0.0 and back.decision_error.cross_scale is None
+    assert Predictor.load(CROSS.save(tmp_path / "v2.json")).decision_error == CROSS.decision_error
+
+
+def test_shipped_predictor_states_a_larger_error_off_its_scale():
+    # The shipped default carries a measured cross-scale error, larger than the in-scale one.
+    shipped = Predictor.load("configs/predictors/default.json")
+    table = shipped.decision_error
+    assert table.cross_scale is not None and "TPP" in table.cross_scale_source
+    assert all(c > e for c, e in zip(table.cross_scale, table.rel_error))
+    assert shipped.relative_error(0.1, Controls(0.3, 40.0))[0] == pytest.approx(table.cross_scale[0])

@@ -438,6 +438,39 @@ def test_calibrated_margin_scale_and_uncalibrated_predictor():
         CollapseScheduler(predictor=FakePredictor(), margin="wide")
 
 
+class CrossScaleFakePredictor(CalibratedFakePredictor):
+    """A calibrated fake that also states a cross-scale error, for runs away from ``calibrated_tpp``
+    (scale judged by the real ``Predictor.relative_error``)."""
+
+    def __init__(self, rel_error: float, cross_scale: float, calibrated_tpp: float, **kw: Any) -> None:
+        super().__init__({0.1: rel_error}, **kw)
+        from predictors import Predictor, SurrogateParams
+        from predictors.predictor import DecisionError
+
+        self.decision_error = DecisionError((0.1,), (rel_error,), "rms", 7, "leave-one-out", None,
+                                            (cross_scale,), "leave-one-TPP-out (3 groups)")
+        self._real = Predictor(SurrogateParams(0.1, 0.0, 1.0, 0.0), decision_error=self.decision_error,
+                               provenance={"tokens_per_param": [calibrated_tpp]})
+
+    def relative_error(self, stop_fraction: float, controls: Any) -> tuple[float, str]:
+        return self._real.relative_error(stop_fraction, controls)
+
+
+# Asserts: trials at a TPP the predictor was not calibrated on get the cross-scale error as
+# their keep-margin (a 4% gap is kept under a 6% cross-scale error, stopped under the 2%
+# in-scale one), and the margin says where it came from. The trials run at TPP 20.
+@pytest.mark.parametrize("calibrated_tpp, kept", [(20.0, ["a"]), (80.0, ["a", "b"])])
+def test_calibrated_margin_widens_for_trials_off_the_calibrated_scale(calibrated_tpp, kept):
+    answers: list[dict] = []
+    s = sched(rungs=(0.1,), predictor=CrossScaleFakePredictor(0.02, 0.06, calibrated_tpp),
+              on_early_answer=answers.append)
+    FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.04, tau=0.5)]).run(workers=2)
+    assert s.state.rungs[0].survivors == kept
+    widened = calibrated_tpp != 20.0
+    assert s.state.rungs[0].margin_relative == pytest.approx(0.06 if widened else 0.02)
+    assert ("leave-one-TPP-out" in answers[0]["margin_text"]) == widened
+
+
 # Asserts: in async mode the calibrated margin keeps a late arrival within e(s) of the best recorded.
 def test_async_calibrated_margin():
     s = sched(decision_mode="async", rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}))

@@ -1,0 +1,206 @@
+"""Held-out errors of the predictor: leave-one-out and across scales, and interval coverage.
+
+A calibration states how wrong a predicted final loss can be at a stop fraction s (e(s), the
+``DecisionError`` a predictor carries). That statement is only worth what it was measured on:
+
+* **leave-one-out** (refit without each curve, predict it): the error for a new run *at the
+  calibrated scale* (the same model sizes and TPPs as the bank);
+* **leave-one-group-out across scales**: refit without every curve of one TPP (one model size),
+  predict those: the error for a run at a TPP (size) the bank does not hold. The larger of the
+  groupings is stored as ``DecisionError.cross_scale`` and used for runs away from the
+  calibrated scale (``Predictor.relative_error``).
+
+**Coverage** is the check of a stated interval: the fraction of held-out true finals inside
+prediction ± z·σ, with σ = L̂(T)·sqrt(residual² + e(s)²) as ``Predictor.predict_final`` states it
+(``z = 2`` should cover ~95% if the errors were Gaussian with the stated σ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from predictors import Curve, fit
+from predictors.predictor import DECISION_FRACTIONS, DecisionError
+
+# Two TPPs (model sizes) within this relative distance are one group.
+GROUP_TOLERANCE = 0.01
+# Groupings across scales: the name used in tables, and the curve value that defines a group.
+SCALE_GROUPINGS: dict[str, Callable[[Curve], Optional[float]]] = {
+    "leave-one-TPP-out": lambda c: float(c.controls.tokens_per_param),
+    "leave-one-size-out": lambda c: (float(c.meta["n_params"]) if c.meta.get("n_params") is not None
+                                     else (float(c.controls.n_params) if c.controls.n_params else None)),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class HeldOutPredictions:
+    """Final losses predicted for curves a refit did not see, at each stop fraction.
+
+    Attributes:
+        scheme: how the curves were held out (``leave-one-out``, ``leave-one-TPP-out``, ...).
+        fractions: the stop fractions s.
+        predicted: (len(fractions), n) predicted final loss; NaN where no prediction was made.
+        residual: the alignment residual of each prediction (relative), same shape.
+        truth: (n,) the true final losses.
+        n_groups: how many groups were held out in turn.
+    """
+
+    scheme: str
+    fractions: tuple[float, ...]
+    predicted: np.ndarray
+    residual: np.ndarray
+    truth: np.ndarray
+    n_groups: int
+
+    def rel_errors(self) -> np.ndarray:
+        """(k, n) predicted / true − 1."""
+        return self.predicted / self.truth[None, :] - 1.0
+
+    def rms(self) -> list[float]:
+        """RMS relative error per stop fraction (NaN where nothing was predicted)."""
+        err = self.rel_errors()
+        return [float(np.sqrt(np.nanmean(row**2))) if np.isfinite(row).any() else float("nan") for row in err]
+
+    def bias(self) -> list[float]:
+        """Mean relative error per stop fraction."""
+        return [float(np.nanmean(row)) if np.isfinite(row).any() else float("nan") for row in self.rel_errors()]
+
+    def coverage(self, errors: Sequence[float], z: float) -> list[float]:
+        """Fraction of predictions with |predicted − true| ≤ z·σ, σ = predicted·sqrt(r² + e(s)²),
+        for the stated errors e(s) (one per stop fraction). NaN where nothing was predicted."""
+        out = []
+        for k, e in enumerate(errors):
+            pred, res = self.predicted[k], self.residual[k]
+            ok = np.isfinite(pred)
+            if not ok.any():
+                out.append(float("nan"))
+                continue
+            sigma = pred[ok] * np.sqrt(res[ok] ** 2 + float(e) ** 2)
+            out.append(float(np.mean(np.abs(pred[ok] - self.truth[ok]) <= z * sigma)))
+        return out
+
+    def n_predicted(self) -> list[int]:
+        return [int(np.isfinite(row).sum()) for row in self.predicted]
+
+
+def prediction_at(predictor: Any, curve: Curve, stop_fraction: float) -> tuple[float, float]:
+    """(predicted final, residual) from the curve's points up to the first at or past s — the
+    cut the scheduler makes at a rung — or (NaN, NaN) when there is no prediction."""
+    n = int(np.searchsorted(curve.t_hat, stop_fraction - 1e-12, side="left")) + 1
+    if n < predictor.align.min_points or n > curve.t_hat.size:
+        return float("nan"), float("nan")
+    try:
+        pred = predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
+    except ValueError:  # e.g. losses below the predictor's irreducible loss
+        return float("nan"), float("nan")
+    return float(pred.final_loss), float(pred.residual)
+
+
+def held_out_predictions(
+    curves: Sequence[Curve],
+    groups: Sequence[Sequence[int]],
+    scheme: str,
+    *,
+    fit_kwargs: Mapping[str, Any],
+    fractions: Sequence[float] = DECISION_FRACTIONS,
+    progress: Optional[Callable[[str], None]] = None,
+) -> HeldOutPredictions:
+    """Refit without each group of curves (indices into ``curves``) and predict the group.
+
+    A group whose complement holds fewer than 2 curves is skipped (its predictions stay NaN).
+    ``fit_kwargs`` go to :func:`predictors.fit` (``t_min``, ``fit_m``, ``fit_irreducible``).
+    """
+    curves = list(curves)
+    fractions = tuple(float(s) for s in fractions)
+    predicted = np.full((len(fractions), len(curves)), np.nan)
+    residual = np.full_like(predicted, np.nan)
+    for g, members in enumerate(groups):
+        held = set(members)
+        rest = [c for j, c in enumerate(curves) if j not in held]
+        if len(rest) < 2:
+            continue
+        predictor = fit(rest, decision_fractions=(), **dict(fit_kwargs)).predictor
+        for i in members:
+            for k, s in enumerate(fractions):
+                predicted[k, i], residual[k, i] = prediction_at(predictor, curves[i], s)
+        if progress is not None:
+            progress(f"{scheme}: {g + 1}/{len(groups)} refits")
+    truth = np.array([c.final_loss for c in curves], dtype=np.float64)
+    return HeldOutPredictions(scheme, fractions, predicted, residual, truth, len(groups))
+
+
+def groups_of(curves: Sequence[Curve], value: Callable[[Curve], Optional[float]]) -> list[list[int]]:
+    """Indices of curves grouped by ``value`` (equal within ``GROUP_TOLERANCE``); curves whose
+    value is unknown form no group (they are never held out, always fitted on)."""
+    groups: list[tuple[float, list[int]]] = []
+    for i, curve in enumerate(curves):
+        v = value(curve)
+        if v is None or not np.isfinite(v):
+            continue
+        for ref, members in groups:
+            if abs(v / ref - 1.0) <= GROUP_TOLERANCE:
+                members.append(i)
+                break
+        else:
+            groups.append((v, [i]))
+    return [members for _, members in sorted(groups)]
+
+
+def leave_one_out(curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any],
+                  fractions: Sequence[float] = DECISION_FRACTIONS) -> HeldOutPredictions:
+    """Every curve held out once."""
+    return held_out_predictions(curves, [[i] for i in range(len(curves))], "leave-one-out",
+                                fit_kwargs=fit_kwargs, fractions=fractions)
+
+
+def across_scales(curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any],
+                  fractions: Sequence[float] = DECISION_FRACTIONS) -> list[HeldOutPredictions]:
+    """One :class:`HeldOutPredictions` per grouping in ``SCALE_GROUPINGS`` that has at least
+    two groups in the bank (a bank of one model size gives no leave-one-size-out)."""
+    out = []
+    for scheme, value in SCALE_GROUPINGS.items():
+        groups = groups_of(curves, value)
+        if len(groups) >= 2:
+            out.append(held_out_predictions(curves, groups, scheme, fit_kwargs=fit_kwargs, fractions=fractions))
+    return out
+
+
+def decision_error_table(in_scale: HeldOutPredictions, cross: Sequence[HeldOutPredictions] = ()) -> DecisionError:
+    """The ``DecisionError`` a predictor ships: RMS of ``in_scale`` per stop fraction, and as
+    ``cross_scale`` the larger RMS of the cross-scale groupings (where any was measured)."""
+    rms, bias = in_scale.rms(), in_scale.bias()
+    keep = [k for k, v in enumerate(rms) if np.isfinite(v)]
+    if not keep:
+        raise ValueError(f"{in_scale.scheme}: no held-out prediction at any stop fraction")
+    cross_rms = None
+    source = None
+    measured = [c for c in cross if any(np.isfinite(c.rms()[k]) for k in keep)]
+    if measured:
+        per = np.array([[c.rms()[k] for k in keep] for c in measured])
+        worst = np.nanmax(np.where(np.isfinite(per), per, np.nan), axis=0)
+        # A fraction no grouping predicted falls back to the in-scale error.
+        cross_rms = tuple(float(w) if np.isfinite(w) else float(rms[k]) for w, k in zip(worst, keep))
+        source = "larger of " + ", ".join(f"{c.scheme} ({c.n_groups} groups)" for c in measured)
+        if len(measured) == 1:
+            source = f"{measured[0].scheme} ({measured[0].n_groups} groups)"
+    return DecisionError(
+        tuple(in_scale.fractions[k] for k in keep), tuple(rms[k] for k in keep), "rms",
+        len(in_scale.truth), in_scale.scheme, tuple(bias[k] for k in keep), cross_rms, source,
+    )
+
+
+def coverage_table(
+    held_out: HeldOutPredictions, stated: Mapping[str, Sequence[float]], zs: Sequence[float] = (1.0, 2.0)
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{label of the stated e(s): {"s": {"1σ": coverage, "2σ": coverage}}} for JSON reports."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for label, errors in stated.items():
+        table: dict[str, dict[str, float]] = {}
+        per_z = {z: held_out.coverage(errors, z) for z in zs}
+        for k, s in enumerate(held_out.fractions):
+            table[f"{s:g}"] = {f"{z:g}σ": per_z[z][k] for z in zs}
+        out[label] = table
+    return out
