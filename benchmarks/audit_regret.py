@@ -56,6 +56,7 @@ import pandas as pd
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from hpo import held_out  # noqa: E402
 from hpo.calibrate import CalibrationConfig, SweepRun, load_calibration_config  # noqa: E402
 from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.overrides import ConfigError  # noqa: E402
@@ -376,6 +377,13 @@ def evaluate(frame: pd.DataFrame, trials: Sequence[Trial], predictors: Mapping[s
     return AuditReport(list(fractions), rules, sweeps, missing, len({t.run_id for t in trials}), overall, e_of_s)
 
 
+def audit_coverage(frame: pd.DataFrame, trials: Sequence[Trial], predictor: Predictor,
+                   fractions: Sequence[float]) -> dict[str, dict[str, float]]:
+    """Coverage of ``predictor``'s ±1σ/±2σ intervals on every completed audit run."""
+    wanted = {t.run_id for t in trials}
+    return held_out.stated_coverage(predictor, bank_curves(frame[frame["run_id"].isin(wanted)]), fractions)
+
+
 def _finite(value: float) -> Optional[float]:
     return value if math.isfinite(value) else None
 
@@ -633,14 +641,19 @@ def run(args: argparse.Namespace) -> AuditReport:
     print(f"audit bank {bank_path}: {report.n_runs - n_missing} of {report.n_runs} runs scorable")
     if report.missing:
         print(f"missing ({len(report.missing)} sweep × seed × configuration entries):\n{missing_summary(report)}")
-    text = render(report)
+    coverage = audit_coverage(frame, trials, shipped, fractions)
+    coverage_text = ("\n\n## Coverage of the shipped predictor's stated intervals\n\n"
+                     "Fraction of true finals inside predicted ± z·σ (σ as `predict_final` states it) "
+                     "on the audit runs, which the predictor was not fitted on.\n\n"
+                     + held_out.coverage_markdown({"audit (all runs)": coverage}) + "\n")
+    text = render(report) + coverage_text
     print()
-    print(render(report, with_missing=False))  # the full missing list goes to the markdown only
+    print(render(report, with_missing=False) + coverage_text)  # the full missing list goes to the markdown only
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "audit_regret.md").write_text(text)
     payload = {"config": args.config, "bank": str(bank_path), "predictor": args.predictor,
-               "paper_refit": fit_info, **asdict(report)}
+               "paper_refit": fit_info, "coverage": coverage, **asdict(report)}
     (out / "audit_regret.json").write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False))
     plot(report, out / "regret_vs_fraction.png")
     print(f"wrote {out / 'audit_regret.md'}, {out / 'audit_regret.json'}, {out / 'regret_vs_fraction.png'}")

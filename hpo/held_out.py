@@ -204,3 +204,49 @@ def coverage_table(
             table[f"{s:g}"] = {f"{z:g}σ": per_z[z][k] for z in zs}
         out[label] = table
     return out
+
+
+def stated_coverage(
+    predictor: Any, curves: Sequence[Curve], fractions: Sequence[float] = (0.1, 0.2, 0.3),
+    zs: Sequence[float] = (1.0, 2.0),
+) -> dict[str, dict[str, float]]:
+    """Coverage of the intervals ``predictor`` itself states, on curves it was not fitted on.
+
+    For each stop fraction s: every curve is cut at its first point at or past s (as a rung
+    is), ``predict_final`` gives L̂(T) ± σ (σ with the e(s) that applies to that run:
+    ``Predictor.relative_error``), and the entry holds the number of predictions ``n``, the
+    RMS relative error ``rms``, and for each z the fraction of true finals inside ±z·σ.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for s in fractions:
+        errors, inside = [], {z: [] for z in zs}
+        for curve in curves:
+            n = int(np.searchsorted(curve.t_hat, s - 1e-12, side="left")) + 1
+            if n < predictor.align.min_points or n > curve.t_hat.size:
+                continue
+            try:
+                pred = predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
+            except ValueError:
+                continue
+            gap = pred.final_loss - curve.final_loss
+            errors.append(gap / curve.final_loss)
+            for z in zs:
+                inside[z].append(abs(gap) <= z * pred.uncertainty)
+        row: dict[str, float] = {"n": float(len(errors)),
+                                 "rms": float(np.sqrt(np.mean(np.square(errors)))) if errors else float("nan")}
+        for z in zs:
+            row[f"{z:g}σ"] = float(np.mean(inside[z])) if inside[z] else float("nan")
+        out[f"{s:g}"] = row
+    return out
+
+
+def coverage_markdown(rows: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """A markdown table of :func:`stated_coverage` results, one row per (label, s)."""
+    lines = ["| curves | s | n | RMS error | ±1σ | ±2σ |", "|---|---|---|---|---|---|"]
+    for label, by_s in rows.items():
+        for s, row in by_s.items():
+            def pct(v: float, digits: int = 0) -> str:
+                return "n/a" if not np.isfinite(v) else f"{100 * v:.{digits}f}%"
+            lines.append(f"| {label} | {s} | {int(row['n'])} | {pct(row['rms'], 2)} | {pct(row.get('1σ', np.nan))} | "
+                         f"{pct(row.get('2σ', np.nan))} |")
+    return "\n".join(lines)
