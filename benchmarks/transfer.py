@@ -47,6 +47,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from hpo import held_out  # noqa: E402
 from hpo.curve_bank import bank_curves, load_bank  # noqa: E402
 from hpo.scheduler import predict_at_rung  # noqa: E402
 from hpo.scheduler_state import json_safe  # noqa: E402
@@ -120,13 +121,25 @@ def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> 
     NaN where the scheduler would have no prediction: too few points, or the predictor failed
     (the scheduler keeps such a trial rather than raising).
     """
-    controls = {"tau": curve.controls.tau, "tokens_per_param": curve.controls.tokens_per_param,
-                "schedule": curve.controls.schedule.name,
-                "warmup_fraction": curve.controls.schedule.warmup_fraction,
-                "decay_fraction": curve.controls.schedule.decay_fraction}
+    controls = curve.controls.to_dict()  # what the scheduler stores for a trial (n_params included)
     history = zip(curve.t_hat.tolist(), curve.loss.tolist())
     final = predict_at_rung(predictor, history, controls, stop_fraction)[0]
     return math.nan if final is None else final / curve.final_loss - 1.0
+
+
+def transfer_coverage(predictor: Predictor, curves: Sequence[Curve],
+                      fractions: Sequence[float] = (0.1, 0.2, 0.3)) -> dict[str, Any]:
+    """Coverage of the stated ±1σ/±2σ intervals, as stated (the cross-scale error where the
+    predictor has one) and with the in-scale error only."""
+    import dataclasses
+
+    out = {"as stated": held_out.stated_coverage(predictor, curves, fractions)}
+    table = predictor.decision_error
+    if table is not None and table.cross_scale is not None:
+        in_scale = dataclasses.replace(predictor, decision_error=dataclasses.replace(
+            table, cross_scale=None, cross_scale_source=None))
+        out["in-scale e(s) only"] = held_out.stated_coverage(in_scale, curves, fractions)
+    return out
 
 
 def _meta_number(curve: Curve, key: str) -> Optional[float]:
@@ -433,6 +446,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if shipped is not None:
         lines += [f"Shipped decision error ({shipped.source}, {shipped.statistic}): "
                   + ", ".join(f"s={s:g}: {_pct(e)}" for s, e in zip(shipped.stop_fractions, shipped.rel_error)), ""]
+    coverage = transfer_coverage(predictor, curves)
+    lines += ["## Coverage of the stated intervals on the held-out curves", "",
+              "Fraction of true finals inside predicted ± z·σ, σ as `predict_final` states it: with the "
+              "predictor's cross-scale error for these off-scale runs, and with its in-scale error only "
+              "(what a predictor without a cross-scale error states).", "",
+              held_out.coverage_markdown(coverage), ""]
     markdown = "\n".join(lines)
     print(markdown)
 
@@ -453,6 +472,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "reference_aggregate": ref,
         "direct_collapse": collapse_rows,
         "shipped_decision_error": None if shipped is None else shipped.to_dict(),
+        "coverage": coverage,
     }
     write_outputs(args.out, report, markdown)
     plot_normalized(curves, predictor, t_min, args.out / "normalized.png")
