@@ -127,21 +127,6 @@ def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> 
     return math.nan if final is None else final / curve.final_loss - 1.0
 
 
-def transfer_coverage(predictor: Predictor, curves: Sequence[Curve],
-                      fractions: Sequence[float] = (0.1, 0.2, 0.3)) -> dict[str, Any]:
-    """Coverage of the stated ±1σ/±2σ intervals, as stated (the cross-scale error where the
-    predictor has one) and with the in-scale error only."""
-    import dataclasses
-
-    out = {"as stated": held_out.stated_coverage(predictor, curves, fractions)}
-    table = predictor.decision_error
-    if table is not None and table.cross_scale is not None:
-        in_scale = dataclasses.replace(predictor, decision_error=dataclasses.replace(
-            table, cross_scale=None, cross_scale_source=None))
-        out["in-scale e(s) only"] = held_out.stated_coverage(in_scale, curves, fractions)
-    return out
-
-
 def _meta_number(curve: Curve, key: str) -> Optional[float]:
     value = curve.meta.get(key)
     try:
@@ -446,7 +431,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if shipped is not None:
         lines += [f"Shipped decision error ({shipped.source}, {shipped.statistic}): "
                   + ", ".join(f"s={s:g}: {_pct(e)}" for s, e in zip(shipped.stop_fractions, shipped.rel_error)), ""]
-    coverage = transfer_coverage(predictor, curves)
+    coverage = held_out.coverage_as_stated_and_in_scale(predictor, curves)
     lines += ["## Coverage of the stated intervals on the held-out curves", "",
               "Fraction of true finals inside predicted ± z·σ, σ as `predict_final` states it: with the "
               "predictor's cross-scale error for these off-scale runs, and with its in-scale error only "

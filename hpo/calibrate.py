@@ -271,15 +271,8 @@ def fit_and_report(
     normalised-curve plot to ``out``. Raises ``ConfigError`` naming ``source`` when fewer
     than 3 complete curves remain.
     """
-    notes = list(notes)
-    complete = []
-    for curve in curves:
-        if float(curve.t_hat[-1]) < 0.99:
-            notes.append(f"run {curve.meta.get('name', '?')}: ends at t̂ = {float(curve.t_hat[-1]):.3g} "
-                         "(non-finite tail or stopped early); left out of the fit")
-        else:
-            complete.append(curve)
-    curves = complete
+    curves, left_out = complete_curves(curves)
+    notes = list(notes) + left_out
     if len(curves) < 3:
         raise ConfigError(f"{source}: only {len(curves)} complete curves to calibrate on (need 3)"
                           + (f"; {'; '.join(notes)}" if notes else ""))
@@ -314,6 +307,19 @@ def fit_and_report(
     summary["predictor"] = str(predictor_path)
     summary["report_dir"] = str(out)
     return summary
+
+
+def complete_curves(curves: list) -> tuple[list, list[str]]:
+    """The curves that reach the end of training (t̂ ≥ 0.99), and a note for each left out
+    (a run whose non-finite tail the bank dropped, or one stopped early)."""
+    complete, notes = [], []
+    for curve in curves:
+        if float(curve.t_hat[-1]) < 0.99:
+            notes.append(f"run {curve.meta.get('name', '?')}: ends at t̂ = {float(curve.t_hat[-1]):.3g} "
+                         "(non-finite tail or stopped early); left out of the fit")
+        else:
+            complete.append(curve)
+    return complete, notes
 
 
 def leave_one_out_decision_error(curves: list, *, t_min: float, fit_m: bool,

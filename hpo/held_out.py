@@ -250,3 +250,20 @@ def coverage_markdown(rows: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
             lines.append(f"| {label} | {s} | {int(row['n'])} | {pct(row['rms'], 2)} | {pct(row.get('1σ', np.nan))} | "
                          f"{pct(row.get('2σ', np.nan))} |")
     return "\n".join(lines)
+
+
+def coverage_as_stated_and_in_scale(
+    predictor: Any, curves: Sequence[Curve], fractions: Sequence[float] = (0.1, 0.2, 0.3)
+) -> dict[str, dict[str, dict[str, float]]]:
+    """:func:`stated_coverage` as the predictor states it (its cross-scale error for runs off
+    its scale) and, where it has a cross-scale error, with its in-scale error only — what a
+    predictor calibrated at one scale alone would state."""
+    import dataclasses
+
+    out = {"as stated": stated_coverage(predictor, curves, fractions)}
+    table = predictor.decision_error
+    if table is not None and table.cross_scale is not None:
+        in_scale = dataclasses.replace(predictor, decision_error=dataclasses.replace(
+            table, cross_scale=None, cross_scale_source=None))
+        out["in-scale e(s) only"] = stated_coverage(in_scale, curves, fractions)
+    return out
