@@ -1,0 +1,266 @@
+"""Bring-your-own curves: training-loss curves from a CSV/parquet file or an MLflow experiment.
+
+``hpo calibrate --from-curves FILE`` and ``--from-mlflow EXPERIMENT_ID`` turn them into
+``predictors.Curve`` objects and run the same fit, calibration and JSON as banked runs.
+
+Long format, one row per logged point (the columns are documented in ``configs/curves/README.md``):
+
+* point columns: ``run_id``, ``loss``, and a position: ``tokens`` (tokens seen), ``step``
+  (optimizer steps; needs ``batch_size``) or ``train_fraction`` (t̂). With several, tokens win
+  over step over train_fraction.
+* per-run columns (constant within a run): ``tokens_per_param``, ``n_params``, ``schedule``,
+  and either ``tau`` or all of ``eta`` (alias ``lr``), ``batch_size`` and ``weight_decay``
+  (τ = B/(η·λ·D), paper Eq. 2). Optional: ``total_tokens`` (D; default TPP·N),
+  ``warmup_fraction`` (0.1), ``decay_fraction`` (0.2), ``seed``, ``corpus``, ``corpus_hash``,
+  ``d_model``.
+
+A run with a non-finite loss is treated as diverged and left out with a note; so is a run that
+does not reach the end of training (t̂ ≥ 0.99) or has fewer than 5 points. Everything else that
+is wrong raises one :class:`CurveImportError` naming the source, the column and the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from predictors import Controls, Curve, smooth_loss
+from predictors.equations import adamw_timescale
+from predictors.normalize import T_HAT_SLACK
+from trainers.schedules import SCHEDULE_NAMES, Schedule
+
+DOCS = "configs/curves/README.md"
+REQUIRED = {
+    "run_id": "one id per training run",
+    "loss": "the training (or validation) loss at that point",
+    "tokens_per_param": "TPP = D/N of the run",
+    "n_params": "non-embedding parameter count N of the run",
+    "schedule": f"LR schedule name, one of {', '.join(SCHEDULE_NAMES)}",
+}
+POSITIONS = ("tokens", "step", "train_fraction")
+TAU_PARTS = ("eta", "batch_size", "weight_decay")
+ALIASES = {"lr": "eta"}
+OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "seed", "corpus", "corpus_hash", "d_model")
+MIN_POINTS = 5
+COMPLETE_T = 0.99
+
+
+class CurveImportError(ValueError):
+    """Imported curves are unusable; the message names the source, the column and the run."""
+
+
+@dataclass(frozen=True)
+class ImportedCurves:
+    """Curves read from a user's file or MLflow experiment.
+
+    Attributes:
+        curves: complete, finite curves, sorted by run id.
+        notes: runs left out and why, and the smoothing used.
+        source: ``file:<path>`` or ``mlflow:<tracking uri>#<experiment id>``.
+    """
+
+    curves: list[Curve]
+    notes: list[str] = field(default_factory=list)
+    source: str = ""
+
+
+def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0) -> ImportedCurves:
+    """Read a ``.csv`` or ``.parquet`` curve file (never pickle) and build its curves."""
+    path = Path(path)
+    if not path.exists():
+        raise CurveImportError(f"{path}: no such curve file")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            frame = pd.read_csv(path)
+        elif suffix == ".parquet":
+            frame = pd.read_parquet(path)
+        else:
+            raise CurveImportError(f"{path}: unknown curve file type {suffix!r}; use .csv or .parquet")
+    except CurveImportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any reader error becomes one message naming the file
+        raise CurveImportError(f"{path}: cannot read curve file: {exc}") from None
+    return curves_from_frame(frame, source=f"file:{path.resolve()}", smoothing_fraction=smoothing_fraction)
+
+
+def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: float = 0.0) -> ImportedCurves:
+    """Validate a long-format frame and turn each run into a ``Curve`` (see module docstring)."""
+    if not (math.isfinite(smoothing_fraction) and 0.0 <= smoothing_fraction < 0.5):
+        raise CurveImportError(f"smoothing_fraction: must be in [0, 0.5), got {smoothing_fraction!r}")
+    frame = frame.rename(columns={k: v for k, v in ALIASES.items() if k in frame and v not in frame})
+    _check_columns(frame, source)
+    if frame.empty:
+        raise CurveImportError(f"{source}: no rows")
+    position = next(p for p in POSITIONS if p in frame)
+    curves, notes = [], []
+    for run_id, rows in frame.groupby("run_id", sort=True):
+        curve, note = _run_curve(str(run_id), rows, position, source, smoothing_fraction)
+        if curve is None:
+            notes.append(note)
+        else:
+            curves.append(curve)
+    if smoothing_fraction:
+        notes.append(f"losses smoothed by a trailing mean over {100 * smoothing_fraction:g}% of each run's tokens")
+    if not curves:
+        raise CurveImportError(f"{source}: no complete run to calibrate on: " + "; ".join(notes))
+    return ImportedCurves(curves, notes, source)
+
+
+def _check_columns(frame: pd.DataFrame, source: str) -> None:
+    missing = [f"'{c}' ({why})" for c, why in REQUIRED.items() if c not in frame]
+    if not any(p in frame for p in POSITIONS):
+        missing.append("a position: 'tokens' (tokens seen), 'step' (optimizer steps, with 'batch_size') "
+                       "or 'train_fraction' (t̂ in [0, 1])")
+    if "tau" not in frame and not all(c in frame for c in TAU_PARTS):
+        lacking = [c for c in TAU_PARTS if c not in frame]
+        missing.append("the timescale: 'tau', or 'eta' (or 'lr'), 'batch_size' and 'weight_decay' "
+                       f"(lacking {', '.join(repr(c) for c in lacking)})")
+    if "step" in frame and "tokens" not in frame and "batch_size" not in frame:
+        missing.append("'batch_size' (tokens per optimizer step, to turn 'step' into tokens)")
+    if missing:
+        raise CurveImportError(f"{source}: missing column(s) {'; '.join(missing)}; see {DOCS}")
+
+
+def _run_value(rows: pd.DataFrame, column: str, run_id: str, source: str, numeric: bool = True) -> Any:
+    values = rows[column].dropna().unique()
+    if len(values) == 0:
+        raise CurveImportError(f"{source}: run {run_id}: column '{column}' is empty")
+    if len(values) > 1:
+        raise CurveImportError(f"{source}: run {run_id}: column '{column}' varies within the run "
+                               f"({', '.join(map(str, values[:3]))}); it must be one value per run")
+    value = values[0]
+    if not numeric:
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise CurveImportError(f"{source}: run {run_id}: column '{column}' is not a number ({value!r})") from None
+    if not math.isfinite(number) or number <= 0:
+        raise CurveImportError(f"{source}: run {run_id}: column '{column}' must be a finite number > 0, got {value!r}")
+    return number
+
+
+def _numbers(rows: pd.DataFrame, column: str, run_id: str, source: str) -> np.ndarray:
+    values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+    bad = np.isnan(values) & rows[column].notna().to_numpy()
+    if bad.any():
+        raise CurveImportError(f"{source}: run {run_id}: column '{column}' has non-numeric values "
+                               f"({rows[column].to_numpy()[bad][0]!r})")
+    return values
+
+
+def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
+               smoothing_fraction: float) -> tuple[Optional[Curve], str]:
+    """One run's curve, or (None, why it was left out)."""
+    tpp = _run_value(rows, "tokens_per_param", run_id, source)
+    n_params = _run_value(rows, "n_params", run_id, source)
+    total = _run_value(rows, "total_tokens", run_id, source) if "total_tokens" in rows else tpp * n_params
+    name = str(_run_value(rows, "schedule", run_id, source, numeric=False))
+    if name not in SCHEDULE_NAMES:
+        raise CurveImportError(f"{source}: run {run_id}: column 'schedule' is {name!r}, not one of {SCHEDULE_NAMES}")
+    optional = {c: _run_value(rows, c, run_id, source, numeric=c in ("warmup_fraction", "decay_fraction"))
+                for c in OPTIONAL_RUN if c in rows and rows[c].notna().any() and c != "total_tokens"}
+    try:
+        schedule = Schedule(name, float(optional.get("warmup_fraction", 0.1)), float(optional.get("decay_fraction", 0.2)))
+    except ValueError as exc:
+        raise CurveImportError(f"{source}: run {run_id}: {exc}") from None
+    if "tau" in rows and rows["tau"].notna().any():
+        tau = _run_value(rows, "tau", run_id, source)
+    else:
+        eta, batch, decay = (_run_value(rows, c, run_id, source) for c in TAU_PARTS)
+        tau = adamw_timescale(batch, eta, decay, total)
+    pos = _numbers(rows, position, run_id, source)
+    if position == "step":
+        pos = pos * _run_value(rows, "batch_size", run_id, source)
+    t_hat = pos / total if position != "train_fraction" else pos
+    loss = _numbers(rows, "loss", run_id, source)
+    order = np.argsort(t_hat, kind="stable")
+    t_hat, loss = t_hat[order], loss[order]
+    if np.isnan(t_hat).any():
+        raise CurveImportError(f"{source}: run {run_id}: column '{position}' has empty values")
+    if np.any(np.diff(t_hat) == 0):
+        raise CurveImportError(f"{source}: run {run_id}: duplicate positions in column '{position}'")
+    if t_hat[0] < -T_HAT_SLACK or t_hat[-1] > 1.0 + 1e-6:
+        raise CurveImportError(
+            f"{source}: run {run_id}: positions reach t̂ = {t_hat[-1]:.4g} (range {t_hat[0]:.4g}–{t_hat[-1]:.4g}); "
+            f"t̂ = {position}/D must lie in [0, 1] with D = {total:.6g} tokens (check total_tokens, TPP, n_params)")
+    t_hat = np.clip(t_hat, 0.0, 1.0)
+    finite = np.isfinite(loss)
+    if not finite.all():
+        first = float(t_hat[int(np.argmin(finite))])
+        return None, f"run {run_id}: non-finite loss from t̂ = {first:.3g} on (diverged); left out"
+    if np.any(loss <= 0):
+        raise CurveImportError(f"{source}: run {run_id}: column 'loss' must be > 0")
+    keep = t_hat > 0  # t̂ = 0 is before any step: no loss yet to normalise
+    t_hat, loss, tokens = t_hat[keep], loss[keep], t_hat[keep] * total
+    if t_hat.size < MIN_POINTS:
+        return None, f"run {run_id}: only {t_hat.size} points (need {MIN_POINTS}); left out"
+    if t_hat[-1] < COMPLETE_T:
+        return None, f"run {run_id}: ends at t̂ = {t_hat[-1]:.3g}, before the end of training; left out"
+    if smoothing_fraction:
+        loss = smooth_loss(tokens, loss, window_tokens=smoothing_fraction * total)
+    meta = {"name": run_id, "n_params": n_params, "tokens_per_param": tpp, "total_tokens": total,
+            **{k: (v.item() if hasattr(v, "item") else v) for k, v in optional.items()}}
+    return Curve(t_hat, loss, Controls(tau, tpp, schedule, n_params), meta), ""
+
+
+def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None, metric: str = "loss",
+                       smoothing_fraction: float = 0.0) -> ImportedCurves:
+    """Curves from every run of an MLflow experiment that logged ``metric``.
+
+    Per-run values come from the run's params (the file's column names; our sweeps' child runs
+    log them, ``hpo.tracking.TRIAL_PARAMS``); the loss from the metric history; the position
+    from the run's ``train_fraction`` history at the same steps when it has one, else the
+    MLflow step is the optimizer step. Runs without the metric (a sweep's parent run) are
+    skipped. The rows then go through :func:`curves_from_frame`, so validation is identical.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    source = f"mlflow:{tracking_uri or 'default tracking URI'}#{experiment_id}"
+    try:
+        experiment = client.get_experiment(str(experiment_id))
+    except MlflowException:
+        experiment = None
+    if experiment is None:
+        raise CurveImportError(f"{source}: no MLflow experiment with id {experiment_id!r}")
+    frames, skipped = [], 0
+    token = None
+    while True:
+        page = client.search_runs([str(experiment_id)], max_results=500, page_token=token)
+        for run in page:
+            history = client.get_metric_history(run.info.run_id, metric)
+            if not history:
+                skipped += 1
+                continue
+            steps = [m.step for m in history]
+            frame = pd.DataFrame({"run_id": run.info.run_id, "loss": [m.value for m in history]})
+            fractions = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train_fraction")}
+            if fractions and all(s in fractions for s in steps):
+                frame["train_fraction"] = [fractions[s] for s in steps]
+            else:
+                frame["step"] = steps
+            for key, value in run.data.params.items():
+                frame[ALIASES.get(key, key)] = value
+            frame["run_name"] = run.data.tags.get("mlflow.runName", "")
+            frames.append(frame)
+        token = page.token
+        if not token:
+            break
+    if not frames:
+        raise CurveImportError(f"{source}: no run of the experiment logged the metric {metric!r}")
+    frame = pd.concat(frames, ignore_index=True)
+    if "tau" in frame and frame["tau"].isin(["inf", "None", ""]).any():
+        frame = frame.drop(columns="tau")  # a sweep that searched λ logs no finite τ: derive it
+    imported = curves_from_frame(frame, source=source, smoothing_fraction=smoothing_fraction)
+    notes = list(imported.notes)
+    if skipped:
+        notes.append(f"{skipped} run(s) without a {metric!r} history skipped (e.g. a sweep's parent run)")
+    return ImportedCurves(imported.curves, notes, source)

@@ -1,0 +1,170 @@
+"""Bring-your-own curves (hpo/curve_import.py): files, MLflow, and errors that name the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hpo.curve_bank import load_bank
+from hpo.curve_import import CurveImportError, curves_from_frame, load_curves_file, load_mlflow_curves
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "configs/curves/example_curves.csv"
+
+
+def _frame() -> pd.DataFrame:
+    return pd.read_csv(EXAMPLE)
+
+
+def _load(frame: pd.DataFrame, **kw):
+    return curves_from_frame(frame, source="test.csv", **kw)
+
+
+def test_example_file_gives_the_banked_runs_with_their_tau():
+    # Six curves; τ derived from η, B, λ and D equals the bank's τ for the same runs.
+    imported = load_curves_file(EXAMPLE)
+    assert len(imported.curves) == 6 and imported.source.startswith("file:")
+    bank = load_bank(Path(__file__).resolve().parents[1] / "configs/calibration/default_bank.parquet")
+    taus = bank.groupby(bank["run_id"].str[:6])["tau"].first()
+    for curve in imported.curves:
+        assert curve.controls.tau == pytest.approx(taus[curve.meta["name"][4:]], rel=1e-6)
+        assert curve.controls.n_params == 100672 and curve.t_hat[-1] == pytest.approx(1.0)
+
+
+def test_example_file_calibrates():
+    # The imported curves go through the same fit as banked runs.
+    from predictors import fit
+
+    result = fit(load_curves_file(EXAMPLE).curves, t_min=0.05, fit_m=True, decision_fractions=())
+    assert np.isfinite(result.fit_mae) and result.fit_mae < 0.05
+
+
+def test_csv_and_parquet_agree(tmp_path):
+    _frame().to_parquet(tmp_path / "c.parquet")
+    a, b = load_curves_file(EXAMPLE).curves, load_curves_file(tmp_path / "c.parquet").curves
+    assert all(np.array_equal(x.loss, y.loss) and x.controls == y.controls for x, y in zip(a, b))
+
+
+def test_step_positions_and_direct_tau_match_tokens_and_derived_tau():
+    frame = _frame()
+    base = _load(frame).curves
+    steps = frame.assign(step=frame["tokens"] // frame["batch_size"]).drop(columns="tokens")
+    for x, y in zip(base, _load(steps).curves):
+        np.testing.assert_allclose(x.t_hat, y.t_hat)
+    taus = {c.meta["name"]: c.controls.tau for c in base}
+    direct = frame.assign(tau=frame["run_id"].map(taus)).drop(columns=["eta", "weight_decay"])
+    assert [c.controls.tau for c in _load(direct).curves] == pytest.approx([c.controls.tau for c in base])
+
+
+@pytest.mark.parametrize("column", ["run_id", "loss", "tokens_per_param", "n_params", "schedule"])
+def test_missing_required_column_is_named(column):
+    with pytest.raises(CurveImportError, match=f"'{column}'"):
+        _load(_frame().drop(columns=column))
+
+
+def test_missing_position_or_timescale_is_named():
+    with pytest.raises(CurveImportError, match="position"):
+        _load(_frame().drop(columns="tokens"))
+    with pytest.raises(CurveImportError, match="'weight_decay'"):
+        _load(_frame().drop(columns="weight_decay"))
+
+
+def test_unknown_suffix_and_missing_file(tmp_path):
+    (tmp_path / "c.txt").write_text("x")
+    with pytest.raises(CurveImportError, match="'.txt'"):
+        load_curves_file(tmp_path / "c.txt")
+    with pytest.raises(CurveImportError, match="no such curve file"):
+        load_curves_file(tmp_path / "nope.csv")
+
+
+def test_nan_tail_run_is_left_out_with_a_note():
+    frame = _frame()
+    first = frame["run_id"].iloc[0]
+    tail = (frame["run_id"] == first) & (frame["tokens"] > 0.6 * frame["total_tokens"])
+    frame.loc[tail, "loss"] = np.nan
+    imported = _load(frame)
+    assert len(imported.curves) == 5 and first not in {c.meta["name"] for c in imported.curves}
+    assert any(first in n and "diverged" in n for n in imported.notes)
+
+
+def test_no_complete_run_is_one_error_listing_why():
+    frame = _frame()
+    frame = frame[frame["tokens"] < 0.5 * frame["total_tokens"]]
+    with pytest.raises(CurveImportError, match="no complete run.*before the end of training"):
+        _load(frame)
+
+
+def test_bad_values_are_named_with_run_and_column():
+    frame = _frame()
+    first = frame["run_id"].iloc[0]
+    varying = frame.copy()
+    varying.loc[varying.index[0], "eta"] = 0.02
+    with pytest.raises(CurveImportError, match=f"run {first}: column 'eta' varies"):
+        _load(varying)
+    negative = frame.copy()
+    negative.loc[negative.index[3], "loss"] = -1.0
+    with pytest.raises(CurveImportError, match="'loss' must be > 0"):
+        _load(negative)
+    text = frame.astype({"n_params": object})
+    text.loc[text["run_id"] == first, "n_params"] = "big"
+    with pytest.raises(CurveImportError, match="'n_params' is not a number"):
+        _load(text)
+    with pytest.raises(CurveImportError, match="t̂"):
+        _load(frame.assign(total_tokens=frame["total_tokens"] // 2))
+
+
+def test_smoothing_fraction_smooths_each_run():
+    frame = _frame()
+    raw, smooth = _load(frame).curves[0], _load(frame, smoothing_fraction=0.05)
+    assert not np.allclose(raw.loss, smooth.curves[0].loss)
+    assert any("smoothed" in n for n in smooth.notes)
+    with pytest.raises(CurveImportError, match="smoothing_fraction"):
+        _load(frame, smoothing_fraction=0.7)
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    """A SQLite MLflow store with one experiment: 3 runs with params and a loss history, and a
+    parent run with params only (as our sweeps write)."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("mine")
+    parent = client.create_run(experiment, run_name="sweep")
+    client.log_batch(parent.info.run_id, params=[Param("name", "sweep")])
+    frame = _frame()
+    ids = {}
+    for run_id, rows in list(frame.groupby("run_id"))[:3]:
+        run = client.create_run(experiment, run_name=run_id)
+        first = rows.iloc[0]
+        params = [Param(k, str(first[k])) for k in ("eta", "batch_size", "weight_decay", "tokens_per_param",
+                                                     "n_params", "schedule", "warmup_fraction", "total_tokens")]
+        steps = (rows["tokens"] // rows["batch_size"]).tolist()
+        metrics = [Metric("loss", float(v), 0, int(s)) for v, s in zip(rows["loss"], steps)]
+        metrics += [Metric("train_fraction", float(t) / float(first["total_tokens"]), 0, int(s))
+                    for t, s in zip(rows["tokens"], steps)]
+        client.log_batch(run.info.run_id, metrics=metrics, params=params)
+        ids[run.info.run_id] = run_id
+    return uri, experiment, ids
+
+
+def test_mlflow_experiment_gives_the_same_curves_as_the_file(mlflow_store):
+    uri, experiment, ids = mlflow_store
+    imported = load_mlflow_curves(experiment, tracking_uri=uri)
+    assert len(imported.curves) == 3 and any("skipped" in n for n in imported.notes)
+    by_name = {c.meta["name"]: c for c in _load(_frame()).curves}
+    for curve in imported.curves:
+        same = by_name[ids[curve.meta["name"]]]
+        np.testing.assert_allclose(curve.t_hat, same.t_hat)
+        np.testing.assert_allclose(curve.loss, same.loss)
+        assert curve.controls.tau == pytest.approx(same.controls.tau)
+
+
+def test_unknown_mlflow_experiment_is_named(mlflow_store):
+    uri, _, _ = mlflow_store
+    with pytest.raises(CurveImportError, match="no MLflow experiment with id '999'"):
+        load_mlflow_curves("999", tracking_uri=uri)
