@@ -503,11 +503,39 @@ def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool 
         return {"bank": str(bank_path), "n_banked": n, "n_runs": len(wanted), "predictor": None}
     predictor_path = _resolve(config.predictor_out)
     summary = fit_from_bank(config, bank_path, predictor_path)
-    _log_mlflow(config, summary, bank_path)
+    _log_mlflow(config, summary)
     return summary
 
 
-def _log_mlflow(config: CalibrationConfig, summary: dict[str, Any], bank_path: Path) -> None:
+def user_curves_config(label: str, config_path: Optional[str] = None,
+                       overrides: tuple[str, ...] = ()) -> CalibrationConfig:
+    """The calibration settings for a user's own curves: ``config_path``'s (its name, fit,
+    predictor_out, output_dir, MLflow experiment; its grid is ignored) or, without one, a
+    calibration named ``label`` fitted as the shipped predictor is (t̂ ∈ [0.05, 1], m fitted)
+    writing ``runs/calibration/<label>/predictor.json``."""
+    raw = read_yaml(config_path) if config_path else {
+        "name": label, "fit": {"t_min": 0.05}, "predictor_out": f"runs/calibration/{label}/predictor.json"}
+    raw = apply_overrides(raw, overrides)
+    try:
+        return CalibrationConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, config_path or "calibration settings")) from None
+
+
+def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str, Any]:
+    """The same fit, calibration report, predictor JSON and MLflow record as for banked runs,
+    on curves from ``hpo.curve_import`` (a user's file or MLflow experiment)."""
+    if config.predictor_out is None:
+        raise ConfigError("predictor_out: a calibration from curves must write a predictor (got null)")
+    predictor_path = _resolve(config.predictor_out)
+    summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),
+                             provenance={"calibration": config.name, "curves": imported.source},
+                             source=imported.source, notes=tuple(imported.notes))
+    _log_mlflow(config, summary)
+    return summary
+
+
+def _log_mlflow(config: CalibrationConfig, summary: dict[str, Any]) -> None:
     """Record the calibration in a local MLflow store next to its report."""
     from mlflow.tracking import MlflowClient
 

@@ -66,14 +66,47 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from hpo.calibrate import calibrate
+    from hpo.calibrate import calibrate, calibrate_from_curves, user_curves_config
 
-    summary = calibrate(args.config, tuple(args.set or []), fit_only=args.fit_only)
+    overrides = tuple(args.set or [])
+    if args.from_curves or args.from_mlflow:
+        from hpo.curve_import import CurveImportError, load_curves_file, load_mlflow_curves
+
+        if args.from_curves and args.from_mlflow:
+            raise ConfigError("--from-curves and --from-mlflow: give one of them")
+        if args.output_dir:
+            overrides += (f"output_dir={args.output_dir}",)
+        if args.predictor_out:
+            overrides += (f"predictor_out={args.predictor_out}",)
+        label = Path(args.from_curves).stem if args.from_curves else f"mlflow_{args.from_mlflow}"
+        config = user_curves_config(label, args.config, overrides)
+        try:
+            if args.from_curves:
+                imported = load_curves_file(args.from_curves, smoothing_fraction=args.smoothing_fraction)
+            else:
+                imported = load_mlflow_curves(args.from_mlflow, tracking_uri=args.tracking_uri, metric=args.metric,
+                                              smoothing_fraction=args.smoothing_fraction)
+        except CurveImportError as exc:
+            raise ConfigError(str(exc)) from None
+        print(f"calibration from {imported.source}: {len(imported.curves)} complete curves")
+        summary = calibrate_from_curves(imported, config)
+    else:
+        if not args.config:
+            raise ConfigError("calibrate: give a calibration CONFIG, --from-curves FILE or --from-mlflow ID")
+        summary = calibrate(args.config, overrides, fit_only=args.fit_only)
     if summary.get("predictor") is None:
         return 0  # a bank-only calibration (predictor_out: null) printed its own summary
     print(f"calibration: {summary['n_curves']} curves, chosen mode {summary['chosen_mode']}")
+    for note in summary.get("notes", []):
+        print(f"  note: {note}")
     for mode, info in summary["modes"].items():
         print(f"  {mode}: fit MAE {100 * info['fit_mae']:.2f}%, oracle MAE {100 * info['oracle_mae']:.2f}%")
+        for note in info.get("fit_notes", []):
+            print(f"    fit log: {note}")
+        for scheme, by_label in info.get("coverage", {}).items():
+            for label, by_s in by_label.items():
+                cells = ", ".join(f"s={s}: {100 * c['2σ']:.0f}%" for s, c in by_s.items())
+                print(f"    ±2σ coverage, {scheme}, {label}: {cells}")
     print(f"predictor: {summary['predictor']}\nreport: {summary['report_dir']}")
     return 0
 
@@ -115,9 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("output_dir")
     report.set_defaults(func=_cmd_report)
     calibrate = sub.add_parser("calibrate", help="run reference curves, bank them, fit the predictor")
-    calibrate.add_argument("config", help="YAML calibration config")
+    calibrate.add_argument("config", nargs="?", help="YAML calibration config (with --from-*: its fit settings)")
     calibrate.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     calibrate.add_argument("--fit-only", action="store_true", help="refit from the curve bank only")
+    calibrate.add_argument("--from-curves", metavar="FILE",
+                           help="calibrate on your own curves: CSV or parquet (columns: configs/curves/README.md)")
+    calibrate.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="calibrate on the runs of an MLflow experiment")
+    calibrate.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow (default: MLflow's)")
+    calibrate.add_argument("--metric", default="loss", help="loss metric name for --from-mlflow (default loss)")
+    calibrate.add_argument("--smoothing-fraction", type=float, default=0.0,
+                           help="smooth imported losses over this fraction of each run's tokens (default 0: "
+                                "already smoothed)")
+    calibrate.add_argument("--predictor-out", help="predictor JSON to write (with --from-*)")
+    calibrate.add_argument("--output-dir", help="report directory (with --from-*)")
     calibrate.set_defaults(func=_cmd_calibrate)
     return parser
 

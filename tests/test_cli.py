@@ -116,3 +116,37 @@ def test_report_on_malformed_state(tmp_path: Path, capsys: pytest.CaptureFixture
     (tmp_path / "scheduler_state.json").write_text("{not json")
     assert main(["report", str(tmp_path)]) == 2
     assert "scheduler_state.json" in capsys.readouterr().err
+
+
+EXAMPLE_CURVES = Path(__file__).resolve().parents[1] / "configs/curves/example_curves.csv"
+
+
+def test_calibrate_from_curves_writes_a_predictor_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `hpo calibrate --from-curves FILE` fits the user's curves like banked runs: predictor JSON
+    # (with its provenance naming the file), report, and coverage lines on the terminal.
+    from predictors import Predictor
+
+    pred, out = tmp_path / "mine.json", tmp_path / "out"
+    code = main(["calibrate", "--from-curves", str(EXAMPLE_CURVES), "--predictor-out", str(pred),
+                 "--output-dir", str(out), "--set", "fit.compare_fixed_m=false"])
+    assert code == 0
+    predictor = Predictor.load(pred)
+    assert predictor.provenance["n_curves"] == 6 and "example_curves.csv" in predictor.provenance["curves"]
+    assert predictor.decision_error.cross_scale is not None
+    assert (out / "calibration.md").exists()
+    assert "±2σ coverage, leave-one-TPP-out" in capsys.readouterr().out
+
+
+def test_calibrate_from_curves_missing_column_exits_2_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    bad = tmp_path / "bad.csv"
+    pd.read_csv(EXAMPLE_CURVES).drop(columns="n_params").to_csv(bad, index=False)
+    code = main(["calibrate", "--from-curves", str(bad), "--predictor-out", str(tmp_path / "p.json"),
+                 "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "'n_params'" in err
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "out").exists()
+    assert main(["calibrate"]) == 2 and "--from-curves" in capsys.readouterr().err
