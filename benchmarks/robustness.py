@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -152,9 +153,10 @@ def baseline_fits(rev: str, banks: dict[str, tuple[list[Curve], str]]) -> dict[s
                 for name, (curves, _) in banks.items()}
         path = Path(tmp) / "banks.json"
         path.write_text(json.dumps(data))
-        env = {"PYTHONPATH": f"{tmp}:{REPO_ROOT}", "PATH": "/usr/bin:/bin"}
+        # The old package first on the path; trainers/ (its schedules) from this checkout.
+        env = {**os.environ, "PYTHONPATH": f"{tmp}:{REPO_ROOT}"}
         done = subprocess.run([sys.executable, "-c", BASELINE_CHILD, str(path)], capture_output=True,
-                              text=True, env={**__import__("os").environ, **env}, cwd=tmp, timeout=600)
+                              text=True, env=env, cwd=tmp, timeout=600)
         if done.returncode != 0:
             return {name: {"outcome": f"baseline failed: {done.stderr.strip()[-300:]}"} for name in banks}
         return json.loads(done.stdout.strip().splitlines()[-1])
