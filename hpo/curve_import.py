@@ -12,7 +12,7 @@ Long format, one row per logged point (the columns are documented in ``configs/c
   and either ``tau`` or all of ``eta`` (alias ``lr``), ``batch_size`` and ``weight_decay``
   (τ = B/(η·λ·D), paper Eq. 2). Optional: ``total_tokens`` (D; default TPP·N),
   ``warmup_fraction`` (0.1), ``decay_fraction`` (0.2), ``seed``, ``corpus``, ``corpus_hash``,
-  ``d_model``.
+  ``d_model``, ``run_name``.
 
 A run with a non-finite loss is treated as diverged and left out with a note; so is a run that
 does not reach the end of training (t̂ ≥ 0.99) or has fewer than 5 points. Everything else that
@@ -45,7 +45,10 @@ REQUIRED = {
 POSITIONS = ("tokens", "step", "train_fraction")
 TAU_PARTS = ("eta", "batch_size", "weight_decay")
 ALIASES = {"lr": "eta"}
-OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "seed", "corpus", "corpus_hash", "d_model")
+OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "seed", "corpus", "corpus_hash", "d_model",
+                "run_name")
+# What MLflow params hold where a sweep had no finite τ (json.dumps of inf/None, or str()).
+NO_VALUE = ("inf", "Infinity", "-Infinity", "NaN", "nan", "null", "None", "")
 MIN_POINTS = 5
 COMPLETE_T = 0.99
 
@@ -97,6 +100,10 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
     _check_columns(frame, source)
     if frame.empty:
         raise CurveImportError(f"{source}: no rows")
+    blank = int(frame["run_id"].isna().sum())
+    if blank:
+        raise CurveImportError(f"{source}: column 'run_id' is empty in {blank} row(s) "
+                               f"(first at row {int(frame['run_id'].isna().to_numpy().argmax())}); every point needs its run")
     position = next(p for p in POSITIONS if p in frame)
     curves, notes = [], []
     for run_id, rows in frame.groupby("run_id", sort=True):
@@ -172,9 +179,12 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
         raise CurveImportError(f"{source}: run {run_id}: {exc}") from None
     if "tau" in rows and rows["tau"].notna().any():
         tau = _run_value(rows, "tau", run_id, source)
-    else:
+    elif all(c in rows for c in TAU_PARTS):
         eta, batch, decay = (_run_value(rows, c, run_id, source) for c in TAU_PARTS)
         tau = adamw_timescale(batch, eta, decay, total)
+    else:
+        raise CurveImportError(f"{source}: run {run_id}: column 'tau' is empty and there is no 'eta' (or 'lr'), "
+                               "'batch_size' and 'weight_decay' to derive it from; give one or the other")
     pos = _numbers(rows, position, run_id, source)
     if position == "step":
         pos = pos * _run_value(rows, "batch_size", run_id, source)
@@ -189,7 +199,8 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     if t_hat[0] < -T_HAT_SLACK or t_hat[-1] > 1.0 + 1e-6:
         raise CurveImportError(
             f"{source}: run {run_id}: positions reach t̂ = {t_hat[-1]:.4g} (range {t_hat[0]:.4g}–{t_hat[-1]:.4g}); "
-            f"t̂ = {position}/D must lie in [0, 1] with D = {total:.6g} tokens (check total_tokens, TPP, n_params)")
+            + (f"t̂ = {position}/D must lie in [0, 1] with D = {total:.6g} tokens (check total_tokens, TPP, n_params)"
+               if position != "train_fraction" else "'train_fraction' must lie in [0, 1]"))
     t_hat = np.clip(t_hat, 0.0, 1.0)
     finite = np.isfinite(loss)
     if not finite.all():
@@ -217,8 +228,10 @@ def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None
     Per-run values come from the run's params (the file's column names; our sweeps' child runs
     log them, ``hpo.tracking.TRIAL_PARAMS``); the loss from the metric history; the position
     from the run's ``train_fraction`` history at the same steps when it has one, else the
-    MLflow step is the optimizer step. Runs without the metric (a sweep's parent run) are
-    skipped. The rows then go through :func:`curves_from_frame`, so validation is identical.
+    MLflow step is the optimizer step. A step logged twice (a resumed trial) keeps its last
+    value. Runs without the metric (a sweep's parent run) are skipped, with a note when they
+    carry params. The rows then go through :func:`curves_from_frame`, so validation is
+    identical; the run id is the MLflow run id, its run name goes to ``meta["run_name"]``.
     """
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -231,36 +244,52 @@ def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None
         experiment = None
     if experiment is None:
         raise CurveImportError(f"{source}: no MLflow experiment with id {experiment_id!r}")
-    frames, skipped = [], 0
+    frames, notes, skipped = [], [], 0
     token = None
     while True:
         page = client.search_runs([str(experiment_id)], max_results=500, page_token=token)
         for run in page:
-            history = client.get_metric_history(run.info.run_id, metric)
-            if not history:
-                skipped += 1
+            frame, note = _mlflow_run_frame(client, run, metric)
+            if frame is None:
+                skipped += bool(run.data.params)
                 continue
-            steps = [m.step for m in history]
-            frame = pd.DataFrame({"run_id": run.info.run_id, "loss": [m.value for m in history]})
-            fractions = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train_fraction")}
-            if fractions and all(s in fractions for s in steps):
-                frame["train_fraction"] = [fractions[s] for s in steps]
-            else:
-                frame["step"] = steps
-            for key, value in run.data.params.items():
-                frame[ALIASES.get(key, key)] = value
-            frame["run_name"] = run.data.tags.get("mlflow.runName", "")
             frames.append(frame)
+            notes += [note] if note else []
         token = page.token
         if not token:
             break
     if not frames:
         raise CurveImportError(f"{source}: no run of the experiment logged the metric {metric!r}")
     frame = pd.concat(frames, ignore_index=True)
-    if "tau" in frame and frame["tau"].isin(["inf", "None", ""]).any():
-        frame = frame.drop(columns="tau")  # a sweep that searched λ logs no finite τ: derive it
+    if "tau" in frame:  # a sweep that searched λ may log no finite τ: derive it for those runs
+        frame["tau"] = frame["tau"].where(~frame["tau"].isin(NO_VALUE))
     imported = curves_from_frame(frame, source=source, smoothing_fraction=smoothing_fraction)
-    notes = list(imported.notes)
+    notes += imported.notes
     if skipped:
-        notes.append(f"{skipped} run(s) without a {metric!r} history skipped (e.g. a sweep's parent run)")
+        notes.append(f"{skipped} run(s) with params but no {metric!r} history skipped (e.g. a sweep's parent run)")
     return ImportedCurves(imported.curves, notes, source)
+
+
+def _mlflow_run_frame(client: Any, run: Any, metric: str) -> tuple[Optional[pd.DataFrame], str]:
+    """One MLflow run as long-format rows (None when it has no ``metric`` history) and a note
+    when repeated steps were collapsed to their last logged value."""
+    run_id = run.info.run_id
+    history = client.get_metric_history(run_id, metric)
+    if not history:
+        return None, ""
+    latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+    steps = sorted(latest)
+    frame = pd.DataFrame({"run_id": run_id, "loss": [latest[s] for s in steps]})
+    fractions = {m.step: m.value for m in sorted(client.get_metric_history(run_id, "train_fraction"),
+                                                 key=lambda m: m.timestamp)}
+    if fractions and all(s in fractions for s in steps):
+        frame["train_fraction"] = [fractions[s] for s in steps]
+    else:
+        frame["step"] = steps
+    for key, value in run.data.params.items():
+        frame[ALIASES.get(key, key)] = value
+    frame["run_name"] = run.data.tags.get("mlflow.runName", "")
+    repeated = len(history) - len(steps)
+    note = (f"run {run_id}: {repeated} repeated step(s) in the {metric!r} history (a resumed run?); "
+            "the last value logged at each step kept") if repeated else ""
+    return frame, note

@@ -115,6 +115,16 @@ def test_bad_values_are_named_with_run_and_column():
         _load(frame.assign(total_tokens=frame["total_tokens"] // 2))
 
 
+def test_empty_run_id_or_underivable_tau_is_named():
+    frame = _frame()
+    with pytest.raises(CurveImportError, match="'run_id' is empty in 1 row"):
+        _load(frame.assign(run_id=frame["run_id"].where(frame.index != 7)))
+    first = frame["run_id"].iloc[0]
+    partial = frame.assign(tau=np.where(frame["run_id"] == first, np.nan, 0.4)).drop(columns="eta")
+    with pytest.raises(CurveImportError, match=f"run {first}: column 'tau' is empty.*'eta'"):
+        _load(partial)
+
+
 def test_smoothing_fraction_smooths_each_run():
     frame = _frame()
     raw, smooth = _load(frame).curves[0], _load(frame, smoothing_fraction=0.05)
@@ -126,8 +136,11 @@ def test_smoothing_fraction_smooths_each_run():
 
 @pytest.fixture(scope="module")
 def mlflow_store(tmp_path_factory):
-    """A SQLite MLflow store with one experiment: 3 runs with params and a loss history, and a
-    parent run with params only (as our sweeps write)."""
+    """A SQLite MLflow store with two experiments. "mine": 3 runs with params, a loss and a
+    train_fraction history, and a parent run with params only (as our sweeps write). "steps":
+    2 runs with a loss history only (position = MLflow step), τ logged as "Infinity" (no finite
+    τ; derive it), the first run resumed (its first 3 steps logged twice, the later values
+    right), and a bare run with neither params nor metrics."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
@@ -149,11 +162,24 @@ def mlflow_store(tmp_path_factory):
                     for t, s in zip(rows["tokens"], steps)]
         client.log_batch(run.info.run_id, metrics=metrics, params=params)
         ids[run.info.run_id] = run_id
-    return uri, experiment, ids
+    steps_experiment = client.create_experiment("steps")
+    client.create_run(steps_experiment, run_name="bare")
+    for i, (run_id, rows) in enumerate(list(frame.groupby("run_id"))[:2]):
+        run = client.create_run(steps_experiment, run_name=run_id)
+        first = rows.iloc[0]
+        params = [Param(k, str(first[k])) for k in ("eta", "batch_size", "weight_decay", "tokens_per_param",
+                                                     "n_params", "schedule", "warmup_fraction", "total_tokens")]
+        steps = (rows["tokens"] // rows["batch_size"]).tolist()
+        metrics = [Metric("loss", float(v), 2, int(s)) for v, s in zip(rows["loss"], steps)]
+        if i == 0:
+            metrics = [Metric("loss", 99.0, 1, int(s)) for s in steps[:3]] + metrics
+        client.log_batch(run.info.run_id, metrics=metrics, params=params + [Param("tau", "Infinity")])
+        ids[run.info.run_id] = run_id
+    return uri, experiment, ids, steps_experiment
 
 
 def test_mlflow_experiment_gives_the_same_curves_as_the_file(mlflow_store):
-    uri, experiment, ids = mlflow_store
+    uri, experiment, ids, _ = mlflow_store
     imported = load_mlflow_curves(experiment, tracking_uri=uri)
     assert len(imported.curves) == 3 and any("skipped" in n for n in imported.notes)
     by_name = {c.meta["name"]: c for c in _load(_frame()).curves}
@@ -165,6 +191,23 @@ def test_mlflow_experiment_gives_the_same_curves_as_the_file(mlflow_store):
 
 
 def test_unknown_mlflow_experiment_is_named(mlflow_store):
-    uri, _, _ = mlflow_store
+    uri, _, _, _ = mlflow_store
     with pytest.raises(CurveImportError, match="no MLflow experiment with id '999'"):
         load_mlflow_curves("999", tracking_uri=uri)
+
+
+def test_mlflow_steps_resumed_runs_and_derived_tau(mlflow_store):
+    # Without a train_fraction history the MLflow step is the optimizer step (× B / D); a step
+    # logged twice keeps its last value; τ logged as "Infinity" is derived from η, B, λ; the
+    # run name lands in meta; a run with neither params nor metrics is skipped without a note.
+    uri, _, ids, steps_experiment = mlflow_store
+    imported = load_mlflow_curves(steps_experiment, tracking_uri=uri)
+    assert len(imported.curves) == 2 and not any("skipped" in n for n in imported.notes)
+    assert sum("repeated step" in n for n in imported.notes) == 1
+    by_name = {c.meta["name"]: c for c in _load(_frame()).curves}
+    for curve in imported.curves:
+        same = by_name[ids[curve.meta["name"]]]
+        assert curve.meta["run_name"] == ids[curve.meta["name"]]
+        np.testing.assert_allclose(curve.t_hat, same.t_hat)
+        np.testing.assert_allclose(curve.loss, same.loss)
+        assert curve.controls.tau == pytest.approx(same.controls.tau)
