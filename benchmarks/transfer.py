@@ -301,7 +301,8 @@ def plot_normalized(curves: Sequence[Curve], predictor: Predictor, t_min: float,
             mask = curve.t_hat >= t_min
             t, ell = curve.t_hat[mask], curve.normalized[mask]
             ax.plot(t, ell, color=colour, lw=1.2, label=f"τ={curve.controls.tau:g}")
-            ax.plot(t, predictor.normalized_curve(t, curve.controls), color=colour, lw=1, ls="--")
+            ax.plot(t, predictor.loss_curve(t, curve.controls, curve.final_loss) / curve.final_loss,
+                    color=colour, lw=1, ls="--")
             lows.append(float(ell.min()))
             highs.append(float(ell.max()))
         ax.set_title(f"TPP ≈ {tpp} (solid: run, dashed: predictor)")

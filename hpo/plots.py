@@ -158,6 +158,11 @@ def plot_normalized(
                 continue
             try:
                 ell = np.asarray(predictor.normalized_curve(grid, controls), dtype=np.float64)
+                loss_curve = getattr(predictor, "loss_curve", None)
+                if callable(loss_curve) and recs[0].trial_id in divisors:
+                    # With an irreducible loss L̂ the predicted L/L(T) depends on L(T) itself.
+                    div = divisors[recs[0].trial_id][0]
+                    ell = np.asarray(loss_curve(grid, controls, div), dtype=np.float64) / div
             except Exception:  # noqa: BLE001 - skip controls the predictor cannot draw
                 continue
             c = recs[0].controls
