@@ -180,7 +180,8 @@ def decision_error_table(in_scale: HeldOutPredictions, cross: Sequence[HeldOutPr
     measured = [c for c in cross if any(np.isfinite(c.rms()[k]) for k in keep)]
     if measured:
         per = np.array([[c.rms()[k] for k in keep] for c in measured])
-        worst = np.nanmax(np.where(np.isfinite(per), per, np.nan), axis=0)
+        with np.errstate(invalid="ignore"):
+            worst = np.nanmax(per, axis=0) if np.isfinite(per).any() else per[0]
         # A fraction no grouping predicted falls back to the in-scale error.
         cross_rms = tuple(float(w) if np.isfinite(w) else float(rms[k]) for w, k in zip(worst, keep))
         source = "larger of " + ", ".join(f"{c.scheme} ({c.n_groups} groups)" for c in measured)

@@ -326,21 +326,20 @@ def fit(
     log_b_axis, log_q_axis = _table_axes(bounds, table_size)
     log_m_axis = np.linspace(math.log(bounds.m[0]), math.log(bounds.m[1]), 4 * grid_size)
 
-    def per_curve(p: np.ndarray, mm: float, l0: float) -> np.ndarray:
+    def b_q(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            b = p[0] * d.tau ** p[1]
-            q = p[2] * d.tpp ** p[3]
-            return _curve_mae(d, b, q, mm, l0=l0)
+            return p[0] * d.tau ** p[1], p[2] * d.tpp ** p[3]
 
-    def in_box(p: np.ndarray) -> bool:
-        # Every reference curve's b and q inside the surrogate's physical box.
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            b = p[0] * d.tau ** p[1]
-            q = p[2] * d.tpp ** p[3]
-        return bool(np.all((b >= B_BOX[0]) & (b <= B_BOX[1]) & (q >= Q_BOX[0]) & (q <= Q_BOX[1])))
+    def per_curve(p: np.ndarray, mm: float, l0: float) -> np.ndarray:
+        return _curve_mae(d, *b_q(p), mm, l0=l0)
 
     def score(p: np.ndarray, mm: float, l0: float) -> float:
-        v = float(per_curve(p, mm, l0).mean()) if in_box(p) else OUTSIDE_BOX
+        b, q = b_q(p)
+        # Rejected unless every reference curve's b and q lie in the surrogate's physical box.
+        if not np.all((b >= B_BOX[0]) & (b <= B_BOX[1]) & (q >= Q_BOX[0]) & (q <= Q_BOX[1])):
+            return OUTSIDE_BOX
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            v = float(_curve_mae(d, b, q, mm, l0=l0).mean())
         return v if math.isfinite(v) else OUTSIDE_BOX
 
     # State: (b_const, b_exp, q_const, q_exp), m, L̂. Start from q = 1 for every curve.
