@@ -86,17 +86,23 @@ class HeldOutPredictions:
         return [int(np.isfinite(row).sum()) for row in self.predicted]
 
 
-def prediction_at(predictor: Any, curve: Curve, stop_fraction: float) -> tuple[float, float]:
-    """(predicted final, residual) from the curve's points up to the first at or past s — the
-    cut the scheduler makes at a rung — or (NaN, NaN) when there is no prediction."""
+def predict_at(predictor: Any, curve: Curve, stop_fraction: float) -> Optional[Any]:
+    """The ``Prediction`` from the curve's points up to the first at or past s — the cut the
+    scheduler makes at a rung — or None when there is none (too few points, or the predictor
+    refuses the run, e.g. losses below its irreducible loss)."""
     n = int(np.searchsorted(curve.t_hat, stop_fraction - 1e-12, side="left")) + 1
     if n < predictor.align.min_points or n > curve.t_hat.size:
-        return float("nan"), float("nan")
+        return None
     try:
-        pred = predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
-    except ValueError:  # e.g. losses below the predictor's irreducible loss
-        return float("nan"), float("nan")
-    return float(pred.final_loss), float(pred.residual)
+        return predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
+    except ValueError:
+        return None
+
+
+def prediction_at(predictor: Any, curve: Curve, stop_fraction: float) -> tuple[float, float]:
+    """(predicted final, residual) of :func:`predict_at`, or (NaN, NaN) without a prediction."""
+    pred = predict_at(predictor, curve, stop_fraction)
+    return (float("nan"), float("nan")) if pred is None else (float(pred.final_loss), float(pred.residual))
 
 
 def held_out_predictions(
@@ -222,12 +228,8 @@ def stated_coverage(
     for s in fractions:
         errors, inside = [], {z: [] for z in zs}
         for curve in curves:
-            n = int(np.searchsorted(curve.t_hat, s - 1e-12, side="left")) + 1
-            if n < predictor.align.min_points or n > curve.t_hat.size:
-                continue
-            try:
-                pred = predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
-            except ValueError:
+            pred = predict_at(predictor, curve, s)
+            if pred is None:
                 continue
             gap = pred.final_loss - curve.final_loss
             errors.append(gap / curve.final_loss)
