@@ -134,6 +134,25 @@ def test_smoothing_fraction_smooths_each_run():
         _load(frame, smoothing_fraction=0.7)
 
 
+def _log_run(client, experiment, run_id, rows, *, with_fraction, resumed=False, extra=()):
+    """Log one file run to MLflow as our sweeps do (params + step metrics); returns its id."""
+    from mlflow.entities import Metric, Param
+
+    run = client.create_run(experiment, run_name=run_id)
+    first = rows.iloc[0]
+    params = [Param(k, str(first[k])) for k in ("eta", "batch_size", "weight_decay", "tokens_per_param",
+                                                 "n_params", "schedule", "warmup_fraction", "total_tokens")]
+    steps = (rows["tokens"] // rows["batch_size"]).tolist()
+    metrics = [Metric("loss", float(v), 2, int(s)) for v, s in zip(rows["loss"], steps)]
+    if with_fraction:
+        metrics += [Metric("train_fraction", float(t) / float(first["total_tokens"]), 2, int(s))
+                    for t, s in zip(rows["tokens"], steps)]
+    if resumed:
+        metrics = [Metric("loss", 99.0, 1, int(s)) for s in steps[:3]] + metrics
+    client.log_batch(run.info.run_id, metrics=metrics, params=params + list(extra))
+    return run.info.run_id
+
+
 @pytest.fixture(scope="module")
 def mlflow_store(tmp_path_factory):
     """A SQLite MLflow store with two experiments. "mine": 3 runs with params, a loss and a
@@ -141,7 +160,7 @@ def mlflow_store(tmp_path_factory):
     2 runs with a loss history only (position = MLflow step), τ logged as "Infinity" (no finite
     τ; derive it), the first run resumed (its first 3 steps logged twice, the later values
     right), and a bare run with neither params nor metrics."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
@@ -152,29 +171,14 @@ def mlflow_store(tmp_path_factory):
     frame = _frame()
     ids = {}
     for run_id, rows in list(frame.groupby("run_id"))[:3]:
-        run = client.create_run(experiment, run_name=run_id)
-        first = rows.iloc[0]
-        params = [Param(k, str(first[k])) for k in ("eta", "batch_size", "weight_decay", "tokens_per_param",
-                                                     "n_params", "schedule", "warmup_fraction", "total_tokens")]
-        steps = (rows["tokens"] // rows["batch_size"]).tolist()
-        metrics = [Metric("loss", float(v), 0, int(s)) for v, s in zip(rows["loss"], steps)]
-        metrics += [Metric("train_fraction", float(t) / float(first["total_tokens"]), 0, int(s))
-                    for t, s in zip(rows["tokens"], steps)]
-        client.log_batch(run.info.run_id, metrics=metrics, params=params)
-        ids[run.info.run_id] = run_id
+        ids[_log_run(client, experiment, run_id, rows, with_fraction=True)] = run_id
     steps_experiment = client.create_experiment("steps")
     client.create_run(steps_experiment, run_name="bare")
     for i, (run_id, rows) in enumerate(list(frame.groupby("run_id"))[:2]):
-        run = client.create_run(steps_experiment, run_name=run_id)
-        first = rows.iloc[0]
-        params = [Param(k, str(first[k])) for k in ("eta", "batch_size", "weight_decay", "tokens_per_param",
-                                                     "n_params", "schedule", "warmup_fraction", "total_tokens")]
-        steps = (rows["tokens"] // rows["batch_size"]).tolist()
-        metrics = [Metric("loss", float(v), 2, int(s)) for v, s in zip(rows["loss"], steps)]
-        if i == 0:
-            metrics = [Metric("loss", 99.0, 1, int(s)) for s in steps[:3]] + metrics
-        client.log_batch(run.info.run_id, metrics=metrics, params=params + [Param("tau", "Infinity")])
-        ids[run.info.run_id] = run_id
+        # Step positions only, τ logged as json.dumps(inf); the first run was resumed and
+        # re-logged its first three steps (the earlier values, 99, must not win).
+        ids[_log_run(client, steps_experiment, run_id, rows, with_fraction=False, resumed=(i == 0),
+                     extra=[Param("tau", "Infinity")])] = run_id
     return uri, experiment, ids, steps_experiment
 
 
