@@ -97,6 +97,37 @@ def append_runs(path: str | Path, frames: Iterable[pd.DataFrame]) -> int:
     return len(added)
 
 
+def smoothing_window_of(run: dict[str, Any]) -> float:
+    """A banked run's smoothing window in tokens: its config's ``smoothing_tokens``, else the
+    trainer's default (2% of the run's tokens, ``trainers.config.run_controls``)."""
+    config = json.loads(run["config_json"]) if isinstance(run.get("config_json"), str) else {}
+    window = config.get("smoothing_tokens")
+    if window is None:
+        window = int(round(0.02 * float(run["total_tokens"])))
+    return float(window)
+
+
+def resmooth(frame: pd.DataFrame) -> pd.DataFrame:
+    """The bank with ``smoothed_loss`` recomputed from ``train_loss`` (the interval means) by
+    the project's one smoother (``predictors.smoothing.trailing_mean``, token-weighted), over
+    each run's own window. Points from the first non-finite ``train_loss`` on (a divergence)
+    keep NaN. Used to bring banks written by an older smoother up to date."""
+    from predictors.smoothing import trailing_mean
+
+    out = frame.copy()
+    for _, rows in out.groupby("run_id", sort=False):
+        rows = rows.sort_values("step", kind="stable")
+        loss = rows["train_loss"].to_numpy(dtype=float)
+        bad = ~np.isfinite(loss)
+        n = int(np.argmax(bad)) if bad.any() else len(loss)
+        smoothed = np.full(len(loss), np.nan)
+        if n:
+            window = smoothing_window_of(rows.iloc[0].to_dict())
+            smoothed[:n] = trailing_mean(rows["tokens"].to_numpy(dtype=float)[:n], loss[:n], window)
+        out.loc[rows.index, "smoothed_loss"] = smoothed
+    return out
+
+
 def bank_curves(frame: pd.DataFrame, *, loss_column: str = "smoothed_loss", completed_only: bool = True) -> list:
     """Turn bank rows into ``predictors.Curve`` objects (one per run)."""
     from predictors import Controls, Curve

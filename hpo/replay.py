@@ -56,6 +56,7 @@ import pandas as pd
 from ray import tune
 
 from hpo.curve_bank import load_bank
+from predictors.smoothing import final_loss
 
 #: Tolerance when comparing a t̂ with a decision fraction (t̂ = tokens/D is not exact in floats).
 EPS = 1e-9
@@ -250,25 +251,20 @@ def bank_sweeps(
     return out
 
 
-def _last_finite(rows: pd.DataFrame, loss_column: str) -> Optional[float]:
-    rows = rows.sort_values("train_fraction", kind="stable")
-    values = rows[loss_column].to_numpy(dtype=float)
-    finite = values[np.isfinite(values)]
-    return float(finite[-1]) if finite.size else None
-
-
 def true_finals(
     frame: pd.DataFrame,
     loss_column: str = "smoothed_loss",
     *,
     completed_only: bool = True,
 ) -> dict[str, float]:
-    """Each run's final loss: its last finite ``loss_column`` value (runs without one are left out)."""
+    """Each run's final loss (``predictors.smoothing.final_loss`` of its ``loss_column``: the
+    smoothed loss at t̂ = 1); runs that never reach t̂ = 1 with a finite loss are left out."""
     if completed_only:
         frame = _completed(frame)
     out: dict[str, float] = {}
     for run_id, rows in frame.groupby("run_id", sort=True):
-        value = _last_finite(rows, loss_column)
+        rows = rows.sort_values("train_fraction", kind="stable")
+        value = final_loss(rows["train_fraction"].to_numpy(dtype=float), rows[loss_column].to_numpy(dtype=float))
         if value is not None:
             out[str(run_id)] = value
     return out

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from hpo.scheduler_state import RungRecord, SchedulerState, TrialRecord, finite_or_none
+from predictors.smoothing import final_loss as smoothed_final_loss
 
 STATE_FILE = "scheduler_state.json"
 PREDICTOR_FILE = "predictor.json"
@@ -117,13 +118,12 @@ def is_diverged(rec: TrialRecord) -> bool:
 
 
 def final_loss(rec: TrialRecord) -> Optional[float]:
-    """The true final loss of a trial that completed (``final_metric``, else its last point)."""
-    if rec.status != "completed" or is_diverged(rec):
+    """The true final loss of a trial that completed (``predictors.smoothing.final_loss`` of
+    its history: the smoothed loss at t̂ = 1)."""
+    if rec.status != "completed" or is_diverged(rec) or not rec.history:
         return None
-    value = rec.final_metric
-    if value is None and rec.history:
-        value = rec.history[-1][1]
-    return finite_or_none(value)
+    t, y = zip(*rec.history)
+    return smoothed_final_loss(t, y)
 
 
 def clean_history(history: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:

@@ -43,7 +43,8 @@ class Curve:
 
     @property
     def final_loss(self) -> float:
-        """The loss at the last point (L(1) when the curve ends at t̂ = 1)."""
+        """The loss at the last point: L(1), the final loss
+        (``predictors.smoothing.FINAL_LOSS_DEFINITION``), when the curve ends at t̂ = 1."""
         return float(self.loss[-1])
 
     @property

@@ -57,3 +57,25 @@ def test_missing_columns_named(tmp_path: Path) -> None:
     pd.DataFrame({"x": [1]}).to_parquet(path)
     with pytest.raises(CurveBankError, match="other.parquet"):
         load_bank(path)
+
+
+def test_resmooth_reproduces_the_trainers_live_smoothing() -> None:
+    # A bank's smoothed_loss can be re-derived from its interval means: resmooth() on a real
+    # run (including its short last interval) gives the trainer's own smoothed values.
+    import json
+
+    from hpo.curve_bank import resmooth
+    from trainers.train import Trainer
+
+    config = {"model": {"d_model": 32, "n_layers": 2, "d_head": 16, "seq_len": 32, "base_d_model": 32},
+              "batch_size": 512, "tokens_per_param": 0.5, "lr": 0.02, "tau": 0.3, "log_every": 7,
+              "eval_every": None, "eval_tokens": 2048, "threads": 1}
+    trainer = Trainer(config)
+    records = trainer.run()
+    assert trainer.total_steps % 7 != 0  # the last interval is short
+    run = {**_run("live", 0.3), "total_tokens": trainer.controls.total_tokens,
+           "config_json": json.dumps(trainer.config.model_dump(mode="json"))}
+    frame = curve_frame(run, records)
+    live = frame["smoothed_loss"].to_numpy()
+    frame["smoothed_loss"] = np.nan
+    np.testing.assert_allclose(resmooth(frame)["smoothed_loss"].to_numpy(), live, rtol=1e-12)
