@@ -1,0 +1,20 @@
+"""The markdown-table renderer (hpo/tables.py)."""
+
+import doctest
+
+import pytest
+
+import hpo.tables
+from hpo.tables import markdown_table
+
+
+def test_docstring_example_runs() -> None:
+    assert doctest.testmod(hpo.tables).failed == 0
+
+
+def test_pipes_are_escaped_and_rows_checked() -> None:
+    # A "|" inside a cell must not split it; a short row is an error, not a shifted table.
+    assert "a\\|b" in markdown_table(["x"], [["a|b"]])
+    with pytest.raises(ValueError, match="one cell per header"):
+        markdown_table(["x", "y"], [["only one"]])
+    assert markdown_table(["x"], [[1]], pad=False).splitlines()[1] == "|---|"
