@@ -17,12 +17,14 @@ prediction ± z·σ, with σ = L̂(T)·sqrt(residual² + e(s)²) as ``Predictor.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from predictors import Curve, fit
+from predictors.curves import rung_cut
 from predictors.predictor import DECISION_FRACTIONS, DecisionError
 
 # Two TPPs (model sizes) within this relative distance are one group.
@@ -90,8 +92,8 @@ def predict_at(predictor: Any, curve: Curve, stop_fraction: float) -> Optional[A
     """The ``Prediction`` from the curve's points up to the first at or past s — the cut the
     scheduler makes at a rung — or None when there is none (too few points, or the predictor
     refuses the run, e.g. losses below its irreducible loss)."""
-    n = int(np.searchsorted(curve.t_hat, stop_fraction - 1e-12, side="left")) + 1
-    if n < predictor.align.min_points or n > curve.t_hat.size:
+    n = rung_cut(curve.t_hat, stop_fraction)
+    if n is None or n < predictor.align.min_points:
         return None
     try:
         return predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
@@ -270,3 +272,158 @@ def coverage_as_stated_and_in_scale(
             table, cross_scale=None, cross_scale_source=None))
         out["in-scale e(s) only"] = stated_coverage(in_scale, curves, fractions)
     return out
+
+
+# ---------------------------------------------------------------------- ranking error
+
+#: Most refits a ranking-error measurement makes: sweeps are held out together, in this many
+#: folds at most (every sweep its own fold when there are fewer).
+RANKING_FOLDS = 10
+
+
+def sweep_items(curves: Sequence[Curve]) -> dict[str, dict[str, Any]]:
+    """Curve name → its sweep values (``hpo.rules.sweep_values`` of meta and controls) plus
+    seeds: what :func:`hpo.rules.kind_groups` groups curves into sweeps by."""
+    from hpo import rules
+
+    out = {}
+    for i, c in enumerate(curves):
+        source = {**{k: v for k, v in c.meta.items() if v is not None}, **c.controls.to_dict()}
+        values = rules.sweep_values(source)
+        values["seed"], values["data_seed"] = c.meta.get("seed"), c.meta.get("data_seed")
+        out[str(c.meta.get("name", i))] = values
+    return out
+
+
+def ranking_groups(curves: Sequence[Curve]) -> dict[str, list[list[int]]]:
+    """Kind of sweep → its sweeps in the bank, as lists of curve indices (``hpo.rules``)."""
+    from hpo import rules
+    from predictors.ranking import SWEEP_KINDS
+
+    items = sweep_items(curves)
+    index = {name: i for i, name in enumerate(items)}
+    out = {}
+    for kind in SWEEP_KINDS:
+        groups = [[index[n] for n in g] for g in rules.kind_groups(items, kind)]
+        if groups:
+            out[kind] = groups
+    return out
+
+
+def probit_scale(d_pred: np.ndarray, d_true: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """(maximum-likelihood, upper-bound) ranking scale σ of pairs: P(the true log-ratio has the
+    sign of the predicted one) = Φ(|d_pred|/σ). ``weights`` are the pairs' composite-likelihood
+    weights; the upper bound is where the weighted log-likelihood falls 0.5 below its maximum
+    (capped at 1, i.e. no ranking evidence at all). Pairs with no predicted order are left out."""
+    from scipy.stats import norm
+
+    keep = d_pred != 0
+    g, w = np.abs(d_pred[keep]), weights[keep]
+    agree = np.where(np.sign(d_pred[keep]) == np.sign(d_true[keep]), 1.0, -1.0)
+    if not g.size:
+        return 1.0, 1.0
+    grid = np.geomspace(1e-4, 1.0, 481)
+    loglik = np.array([float(np.sum(w * norm.logcdf(agree * g / s))) for s in grid])
+    i = int(np.argmax(loglik))
+    below = np.flatnonzero(loglik[i:] < loglik[i] - 0.5)
+    return float(grid[i]), float(grid[i + below[0]]) if below.size else 1.0
+
+
+def _pair_errors(
+    predicted: Callable[[int, int], float], truth: np.ndarray, groups: Sequence[Sequence[int]], k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(predicted log-ratios, true log-ratios, weights, groups used) of every pair within the
+    groups at stop-fraction index ``k``; ``predicted(k, i)`` is curve i's held-out prediction."""
+    dp, dt, w = [], [], []
+    used = 0
+    for g in groups:
+        members = [i for i in g if np.isfinite(predicted(k, i))]
+        if len(members) < 2:
+            continue
+        used += 1
+        weight = 2.0 / len(members)  # k(k−1)/2 pairs hold k − 1 independent differences
+        for a_pos, a in enumerate(members):
+            for b in members[a_pos + 1:]:
+                dp.append(math.log(predicted(k, a) / predicted(k, b)))
+                dt.append(math.log(truth[a] / truth[b]))
+                w.append(weight)
+    return np.array(dp), np.array(dt), np.array(w), used
+
+
+def _fold_prediction(predicted: np.ndarray, fold_of: Mapping[tuple[int, ...], int],
+                     groups: Sequence[Sequence[int]]) -> Callable[[int, int], float]:
+    """Curve i's prediction at fraction index k from the refit that held out its sweep (a
+    curve is in one sweep per kind, so one fold applies)."""
+    fold = {i: fold_of[tuple(g)] for g in groups for i in g}
+    return lambda k, i: float(predicted[fold[i], k, i])
+
+
+def _kind_error(predicted: Callable[[int, int], float], truth: np.ndarray, groups: Sequence[Sequence[int]],
+                fractions: Sequence[float]) -> Optional[Any]:
+    from predictors.ranking import KindError
+
+    rows = []
+    for k, s in enumerate(fractions):
+        dp, dt, w, used = _pair_errors(predicted, truth, groups, k)
+        if dp.size:
+            mle, upper = probit_scale(dp, dt, w)
+            rows.append((s, upper, float(np.sqrt(np.mean((dp - dt) ** 2))), int(dp.size), used, mle))
+    if not rows:
+        return None
+    s, upper, rms, n_pairs, n_groups, mle = zip(*rows)
+    return KindError(s, upper, rms, n_pairs, n_groups, mle)
+
+
+def ranking_error_table(
+    curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any], fractions: Sequence[float] = DECISION_FRACTIONS,
+    cross: Sequence[HeldOutPredictions] = (), progress: Optional[Callable[[str], None]] = None,
+) -> Optional[Any]:
+    """The ``RankingError`` a predictor ships (``predictors.ranking``), or None when the bank
+    holds no sweep of any kind.
+
+    In-scale: the bank's sweeps (:func:`ranking_groups`) are held out together
+    (leave-one-sweep-out, in at most :data:`RANKING_FOLDS` folds): a refit without a fold's
+    curves predicts them at every stop fraction, and each pair of one sweep is scored from
+    the refit that saw neither. Across scales: the pairs of the same sweeps scored on each
+    ``cross`` grouping's predictions (a whole TPP or model size held out at once); the larger
+    per kind is kept.
+    """
+    from predictors.ranking import RankingError
+
+    curves = list(curves)
+    fractions = tuple(float(s) for s in fractions)
+    by_kind = ranking_groups(curves)
+    if not by_kind:
+        return None
+    distinct = sorted({tuple(g) for groups in by_kind.values() for g in groups})
+    n_folds = min(len(distinct), RANKING_FOLDS)
+    fold_of = {g: j % n_folds for j, g in enumerate(distinct)}
+    truth = np.array([c.final_loss for c in curves], dtype=np.float64)
+    predicted = np.full((n_folds, len(fractions), len(curves)), np.nan)
+    for j in range(n_folds):
+        members = sorted({i for g, f in fold_of.items() if f == j for i in g})
+        rest = [c for i, c in enumerate(curves) if i not in set(members)]
+        if len(rest) < 2:
+            continue
+        refit = fit(rest, decision_fractions=(), **dict(fit_kwargs)).predictor
+        for i in members:
+            for k, s in enumerate(fractions):
+                predicted[j, k, i] = prediction_at(refit, curves[i], s)[0]
+        if progress is not None:
+            progress(f"ranking error: {j + 1}/{n_folds} leave-sweeps-out refits")
+    kinds, crosses = {}, {}
+    for kind, groups in by_kind.items():
+        table = _kind_error(_fold_prediction(predicted, fold_of, groups), truth, groups, fractions)
+        if table is not None:
+            kinds[kind] = table
+        for held in cross:
+            index = {s: k for k, s in enumerate(held.fractions)}
+            if not all(s in index for s in fractions):
+                continue
+            x = _kind_error(lambda k, i: float(held.predicted[index[fractions[k]], i]), truth, groups, fractions)
+            if x is not None and (kind not in crosses or np.mean(x.scale) > np.mean(crosses[kind].scale)):
+                crosses[kind] = x
+    if not kinds:
+        return None
+    sources = ", ".join(f"{h.scheme} ({h.n_groups} groups)" for h in cross) or None
+    return RankingError(kinds, crosses or None, f"leave-one-sweep-out ({n_folds} folds)", sources)

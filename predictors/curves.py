@@ -11,6 +11,28 @@ from predictors.controls import Controls
 from predictors.normalize import check_curve, normalize_loss, smooth_loss, training_fraction_of
 
 
+#: Tolerance when comparing a t̂ with a decision fraction (t̂ = tokens/D is not exact in floats).
+T_HAT_EPS = 1e-9
+
+
+def rung_cut(t_hat: Any, stop_fraction: float) -> int | None:
+    """How many points of a curve a trial judged at decision fraction s has reported: the
+    points up to and including the first with t̂ ≥ s (within :data:`T_HAT_EPS`), because a
+    live trial only knows it has reached a rung when it reports a point at or past it.
+    None when the curve never reaches s. ``t_hat`` must be non-decreasing.
+
+    This is the project's one cut at a stop fraction: the scheduler's rungs, the replay, the
+    report, the calibrated decision and ranking errors and every benchmark use it.
+
+    Example:
+        >>> rung_cut([0.05, 0.1, 0.15, 0.2], 0.1), rung_cut([0.05, 0.12, 0.2], 0.1), rung_cut([0.05], 0.1)
+        (2, 2, None)
+    """
+    t = np.asarray(t_hat, dtype=np.float64)
+    i = int(np.searchsorted(t, float(stop_fraction) - T_HAT_EPS, side="left"))
+    return None if i >= t.size else i + 1
+
+
 @dataclass(frozen=True, eq=False)
 class Curve:
     """One (smoothed) training-loss curve over the training fraction.
@@ -53,8 +75,10 @@ class Curve:
         return normalize_loss(self.loss)
 
     def head(self, stop_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-        """The points with t̂ ≤ ``stop_fraction`` (what a trial stopped there has reported)."""
-        n = int(np.searchsorted(self.t_hat, stop_fraction, side="right"))
+        """What a trial judged at ``stop_fraction`` has reported (:func:`rung_cut`); the whole
+        curve when it ends before that fraction."""
+        n = rung_cut(self.t_hat, stop_fraction)
+        n = self.t_hat.size if n is None else n
         return self.t_hat[:n], self.loss[:n]
 
     @classmethod

@@ -639,7 +639,7 @@ def _decision_errors(
             raise ValueError(f"fit: decision fraction {s} is outside (0, 1]")
         errs = np.full(len(curves), np.nan)
         for i, c in enumerate(curves):
-            t, y = c.head(s + 1e-12)
+            t, y = c.head(s)  # the cut a rung makes (predictors.curves.rung_cut)
             if t.size < predictor.align.min_points:
                 continue
             try:

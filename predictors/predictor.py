@@ -13,7 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -29,12 +29,13 @@ from predictors.align import (
 from predictors.controls import Controls
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
+from predictors.ranking import RankingError
 from predictors.surrogate import SurrogateParams
 
 SCHEMA = "collapse-hpo/predictor"
-# Version 2 added params.irreducible_loss and decision_error.cross_scale (both optional, so
-# version-1 files still load unchanged).
-SCHEMA_VERSION = 2
+# Version 2 added params.irreducible_loss and decision_error.cross_scale, version 3 the
+# ranking_error (all optional, so version-1 and -2 files still load unchanged).
+SCHEMA_VERSION = 3
 # Used when the hpo package cannot be imported (predictors must stay importable on its own).
 FALLBACK_VERSION = "0.1.0"
 # The stop fractions at which fit() measures the decision error by default.
@@ -138,6 +139,8 @@ class Predictor:
         decision_error: calibrated relative error of the predicted final loss by stop fraction
             (filled by :func:`predictors.fit`); ``None`` means uncalibrated.
         provenance: what the predictor was fitted on (JSON-serialisable values).
+        ranking_error: how reliably it orders the trials of one sweep, by kind of sweep and
+            stop fraction (``predictors.ranking``; measured by ``hpo calibrate``), or None.
     """
 
     params: SurrogateParams
@@ -145,12 +148,15 @@ class Predictor:
     align: AlignSettings = field(default_factory=AlignSettings)
     decision_error: Optional[DecisionError] = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    ranking_error: Optional[RankingError] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SurrogateParams):
             raise ValueError("params: must be a SurrogateParams")
         if not isinstance(self.align, AlignSettings):
             raise ValueError("align: must be an AlignSettings")
+        if self.ranking_error is not None and not isinstance(self.ranking_error, RankingError):
+            raise ValueError("ranking_error: must be a RankingError")
         # Small per-controls cache of (b, q, η(1)): the scheduler calls predict_final many
         # times for the same few trials.
         object.__setattr__(self, "_cache", {})
@@ -220,6 +226,32 @@ class Predictor:
         if cross >= in_scale:
             return cross, f"{table.cross_scale_source or 'cross-scale'} ({why})"
         return in_scale, f"{table.source} (larger than the cross-scale error; {why})"
+
+    def ranking_scale(
+        self, stop_fraction: float, kind: str, controls: Sequence[Controls] = ()
+    ) -> tuple[float, str]:
+        """The ranking scale σ (log units) that applies to a sweep of ``kind`` at
+        ``stop_fraction``, and its source in words.
+
+        ``kind`` is a sweep kind or kind group (``predictors.ranking``); ``controls`` are the
+        sweep's trials: when any is off the calibrated scale (:meth:`scale_check`) the
+        cross-scale ranking error applies where it was measured and is larger. Without a
+        measured ranking error: √2·e(s), the error of the difference of two independent
+        predictions each off by the decision error e(s) (conservative: a bias the trials
+        share cancels in their order); 0 for an uncalibrated predictor.
+        """
+        off = [why for ok, why in (self.scale_check(c) for c in controls) if not ok]
+        where = f"; {off[0]}" if off else ""
+        if self.ranking_error is not None:
+            value, words = self.ranking_error.scale_at(stop_fraction, kind, off_scale=bool(off))
+            if value is not None:
+                return value, words + where
+        if self.decision_error is not None:
+            e = max((self.relative_error(stop_fraction, c)[0] for c in controls),
+                    default=self.decision_error.at(stop_fraction))
+            return math.sqrt(2.0) * e, ("no ranking error measured: √2·e(s), two independent "
+                                        f"predictions each off by the decision error e(s){where}")
+        return 0.0, "uncalibrated predictor (no decision or ranking error): margin 0"
 
     def _ell_hat(self, t: np.ndarray, controls: Controls) -> np.ndarray:
         if not isinstance(controls, Controls):
@@ -364,6 +396,7 @@ class Predictor:
             },
             "alignment": self.align.to_dict(),
             "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
+            "ranking_error": None if self.ranking_error is None else self.ranking_error.to_dict(),
             "provenance": _jsonable(self.provenance),
         }
 
@@ -390,9 +423,12 @@ class Predictor:
                     None if d.bias is None else tuple(d.bias),
                     None if d.cross_scale is None else tuple(d.cross_scale), d.cross_scale_source,
                 )
-        except ValueError as exc:
-            raise ValueError(f"{source}: invalid predictor file: {exc}") from None
-        return cls(params, pr.m_fitted, align, de, dict(doc.provenance))
+            re_ = None if doc.ranking_error is None else RankingError.from_dict(doc.ranking_error)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{source}: invalid predictor file: ranking_error: {exc}"
+                             if isinstance(exc, (KeyError, TypeError)) else
+                             f"{source}: invalid predictor file: {exc}") from None
+        return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the predictor as JSON (atomically) and return the path."""
@@ -507,10 +543,12 @@ class PredictorFile(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, populate_by_name=True)
 
     schema_: Literal["collapse-hpo/predictor"] = Field(alias="schema")
-    schema_version: Literal[1, 2]
+    schema_version: Literal[1, 2, 3]
     params: ParamsModel
     alignment: AlignModel
     decision_error: Optional[DecisionErrorModel] = None
+    # Validated by predictors.ranking.RankingError.from_dict (version 3).
+    ranking_error: Optional[dict[str, Any]] = None
     provenance: dict[str, Any] = Field(default_factory=dict)
 
 

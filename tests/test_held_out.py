@@ -67,3 +67,22 @@ def test_coverage_counts_truths_inside_the_stated_interval():
     assert h.coverage([0.06], 1.0) == [1.0]
     table = held_out.coverage_table(h, {"e": [0.02]})
     assert table == {"e": {"0.1": {"1σ": pytest.approx(1 / 3), "2σ": pytest.approx(2 / 3)}}}
+
+
+def test_ranking_error_is_measured_per_kind_of_sweep_on_held_out_sweeps():
+    # τ sweeps at η = 0.01, B = 2048 (λ varies: "lambda" kind) at two TPPs, finals that differ
+    # by 2-3% per τ step: the held-out refits order every pair right, so the ranking scale is
+    # small and measured on both sweeps; no other kind is in the bank.
+    curves = []
+    for tpp in (20.0, 80.0):
+        for k, tau in enumerate((0.05, 0.2, 0.8)):
+            c = Controls(tau, tpp, Schedule("linear"))
+            final = 1.7 * (1 + 0.03 * k)
+            curves.append(Curve(T, final * TRUTH.normalized_curve(T, c), c,
+                                {"name": f"{tpp:g}-{tau:g}", "eta": 0.01, "batch_size": 2048,
+                                 "weight_decay": 2048 / (0.01 * tau * 2e6), "seed": 1, "data_seed": 1}))
+    table = held_out.ranking_error_table(curves, fit_kwargs={"t_min": 0.05, "fit_m": False}, fractions=(0.2, 0.5))
+    assert list(table.kinds) == ["lambda"]
+    row = table.kinds["lambda"]
+    assert row.n_groups == (2, 2) and row.n_pairs == (6, 6)
+    assert all(s < 0.05 for s in row.scale) and all(r < 0.03 for r in row.rms), (row.scale, row.rms)

@@ -1,5 +1,7 @@
 """Predictor persistence (JSON, never pickle): round trip, schema, and clear errors on bad files."""
 
+import dataclasses
+import math
 import json
 
 import numpy as np
@@ -78,7 +80,7 @@ def _mutate(tmp_path, fn):
         (lambda d: d["params"].update(m_fitted="yes"), "params.m_fitted"),
         (lambda d: d["alignment"].update(objective="l3"), "alignment.objective"),
         (lambda d: d["alignment"].update(min_points=0), "alignment.min_points"),
-        (lambda d: d.update(schema_version=3), "schema_version"),
+        (lambda d: d.update(schema_version=4), "schema_version"),
         (lambda d: d.update(schema="other"), "schema"),
         (lambda d: d.pop("alignment"), "alignment"),
         (lambda d: d.update(extra=1), "extra"),
@@ -176,3 +178,23 @@ def test_shipped_predictor_states_a_larger_error_off_its_scale():
     assert table.cross_scale is not None and "TPP" in table.cross_scale_source
     assert all(c > e for c, e in zip(table.cross_scale, table.rel_error))
     assert shipped.relative_error(0.1, Controls(0.3, 40.0))[0] == pytest.approx(table.cross_scale[0])
+
+
+def test_ranking_error_round_trips_and_sets_the_ranking_scale(tmp_path):
+    # A predictor carrying a ranking error saves it (schema 3) and states, per kind of sweep,
+    # the measured scale; an unmeasured kind falls back to the largest measured one, a
+    # predictor without one to √2·e(s), an uncalibrated one to 0.
+    from predictors.ranking import KindError, RankingError
+
+    table = RankingError({"lambda": KindError((0.1, 0.3), (0.04, 0.02), (0.05, 0.03), (30, 30), (5, 5)),
+                          "eta_fixed_tau": KindError((0.1, 0.3), (0.01, 0.005), (0.02, 0.01), (9, 9), (3, 3))})
+    pred = dataclasses.replace(PRED, ranking_error=table)
+    back = Predictor.load(pred.save(tmp_path / "p.json"))
+    assert back.ranking_error.kinds["lambda"] == table.kinds["lambda"]
+    assert back.ranking_scale(0.3, "eta_fixed_tau")[0] == pytest.approx(0.005)
+    sigma, words = back.ranking_scale(0.3, "batch_fixed_tau")
+    assert sigma == pytest.approx(0.02) and "no batch_fixed_tau sweeps" in words
+    assert back.ranking_scale(0.3, "fixed_tau")[0] == pytest.approx(0.005)  # its only measured member
+    assert back.ranking_scale(0.3, "mixed")[0] == pytest.approx(0.02)  # the largest of all kinds
+    assert PRED.ranking_scale(0.1, "lambda")[0] == pytest.approx(math.sqrt(2) * PRED.decision_error.at(0.1))
+    assert Predictor(PRED.params).ranking_scale(0.1, "lambda")[0] == 0.0

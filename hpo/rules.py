@@ -1,0 +1,457 @@
+"""The decision rules, in one place: what the scheduler, the replay, the report, the
+calibration and every benchmark apply (no Ray, no torch).
+
+* **The cut** at a decision fraction s: ``predictors.curves.rung_cut`` (the points up to and
+  including the first with t̂ ≥ s); :func:`predict_at_rung` applies it.
+* **The prediction at a rung**: :func:`predict_at_rung` (never raises; a trial without a
+  prediction is kept).
+* **The kind of sweep** (what varies: η, B, λ, at fixed τ or fixed λ): :func:`sweep_kind`,
+  and the groups of curves that form sweeps of a kind: :func:`kind_groups`.
+* **The keep rule**: :func:`keep_rule` (a whole rung) and :func:`judge_arrival` (one trial
+  against the predictions recorded at a rung, as ASHA judges); margins in log units from the
+  predictor's ranking error: :func:`ranking_margin`.
+* **The probability that the pick is the best**: :func:`probability_best`.
+* **Compute accounting**: :func:`compute_fraction`.
+
+The keep rule (paper §5: stop the trials whose *predicted* final loss is worse): rank the
+trials with a prediction by it (ties by the loss at the rung, then trial id); keep the best
+⌈n/rf⌉ at an intermediate rung and the best one at the last, plus every trial whose
+predicted log-final is within the margin z·σ of the best, σ being the predictor's ranking
+scale for that kind of sweep at that fraction (``predictors.ranking``): under that error
+model a stopped trial had a chance below Φ(−z) of ending better than the predicted best.
+Trials without a prediction are always kept (never stopped on no evidence) and do not count
+towards ⌈n/rf⌉.
+
+Example:
+    >>> d = keep_rule([Candidate("a", 2.00, 2.3), Candidate("b", 2.03, 2.2), Candidate("c", 2.20, 2.4)],
+    ...               last=True, reduction_factor=2, margin=0.01)
+    >>> d.kept, d.stopped, d.predicted_best, d.current_best
+    (('a',), ('b', 'c'), 'a', 'b')
+    >>> keep_rule([Candidate("a", 2.00, 2.3), Candidate("b", 2.03, 2.2)], last=True,
+    ...           reduction_factor=2, margin=0.02).kept_all
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from predictors.controls import Controls
+from predictors.curves import T_HAT_EPS, rung_cut
+from predictors.io import finite_or_none
+from predictors.ranking import KIND_GROUPS, SWEEP_KINDS
+
+#: Fewest history points (up to and including the rung point) a prediction needs by default.
+DEFAULT_MIN_POINTS = 3
+#: The default keep-margin in ranking-scale units: a trial is stopped when its chance of
+#: ending better than the predicted best is below Φ(−1) ≈ 16% under the ranking error model.
+DEFAULT_MARGIN_Z = 1.0
+#: Two sweep values within this relative distance are the same value (τ = B/(η·λ·D) is
+#: recomputed per run, and D is rounded to whole steps).
+SAME_VALUE_TOLERANCE = 0.01
+#: Keys of a trial's sweep values (:func:`sweep_values`).
+SWEEP_VALUE_KEYS = ("eta", "batch_size", "weight_decay", "tau", "tokens_per_param", "n_params", "schedule")
+
+
+# ---------------------------------------------------------------------- the prediction
+
+
+@dataclass(frozen=True)
+class RungPrediction:
+    """What a trial gets at a rung: the prediction and the point it was made from.
+
+    ``final_loss``/``uncertainty`` are None (and ``why`` says why) when there is no
+    prediction; ``train_fraction``/``loss`` are the t̂ and smoothed loss of the rung point
+    (None when the history never reaches the rung).
+    """
+
+    final_loss: Optional[float]
+    uncertainty: Optional[float]
+    n_points: int
+    train_fraction: Optional[float]
+    loss: Optional[float]
+    why: str = ""
+
+
+def predict_at_rung(
+    predictor: Any,
+    t_hat: Sequence[float],
+    loss: Sequence[float],
+    controls: Optional[Controls | Mapping[str, Any]],
+    stop_fraction: float,
+    min_points: int = DEFAULT_MIN_POINTS,
+) -> RungPrediction:
+    """The prediction a trial gets at rung ``stop_fraction`` from its (t̂, smoothed loss)
+    history: the points of ``rung_cut`` handed to ``predictor.predict_final`` with the
+    trial's controls. Never raises: no controls, too few points, a failing predictor or a
+    non-finite result give a :class:`RungPrediction` without a prediction."""
+    t = np.asarray(t_hat, dtype=np.float64)
+    y = np.asarray(loss, dtype=np.float64)
+    n = rung_cut(t, stop_fraction)
+    if n is None:
+        return RungPrediction(None, None, int(t.size), None, None, f"the history never reaches t̂ = {stop_fraction:g}")
+    t_used, loss_used = float(t[n - 1]), float(y[n - 1])
+    if controls is None:
+        return RungPrediction(None, None, n, t_used, loss_used,
+                              "no controls (tau, tokens_per_param, schedule) in the results or config")
+    if n < min_points:
+        return RungPrediction(None, None, n, t_used, loss_used, f"only {n} point(s) up to the rung, min_points={min_points}")
+    try:
+        ctrl = controls if isinstance(controls, Controls) else Controls.from_mapping(controls)
+        pred = predictor.predict_final(t[:n], y[:n], ctrl)
+        final = finite_or_none(getattr(pred, "final_loss", None))
+        sigma = finite_or_none(getattr(pred, "uncertainty", None))
+    except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
+        return RungPrediction(None, None, n, t_used, loss_used, f"predictor failed: {type(exc).__name__}: {exc}")
+    if final is None or final <= 0:
+        return RungPrediction(None, None, n, t_used, loss_used, "predictor returned a non-finite final loss")
+    return RungPrediction(final, None if sigma is None else abs(sigma), n, t_used, loss_used)
+
+
+# ---------------------------------------------------------------------- kinds of sweep
+
+
+def sweep_values(source: Mapping[str, Any]) -> dict[str, Any]:
+    """The values that tell which kind of sweep a trial belongs to, from a result, a trial
+    config or a bank row: η (``eta`` or ``lr``), B, λ, τ, TPP, N and the schedule (missing
+    ones are None)."""
+    def num(*keys: str) -> Optional[float]:
+        for key in keys:
+            value = finite_or_none(source.get(key))
+            if value is not None:
+                return value
+        return None
+
+    schedule = source.get("schedule")
+    warmup = source.get("warmup_fraction")
+    return {
+        "eta": num("eta", "lr"),
+        "batch_size": num("batch_size"),
+        "weight_decay": num("weight_decay"),
+        "tau": num("tau"),
+        "tokens_per_param": num("tokens_per_param"),
+        "n_params": num("n_params"),
+        "schedule": None if schedule is None else f"{schedule}@{warmup}",
+    }
+
+
+def _varies(values: Sequence[Optional[Any]]) -> Optional[bool]:
+    """Whether the values differ (beyond SAME_VALUE_TOLERANCE); None if any is unknown."""
+    if any(v is None for v in values):
+        return None
+    if not values:
+        return False
+    if isinstance(values[0], str):
+        return len(set(values)) > 1
+    lo, hi = min(values), max(values)
+    return hi > lo * (1.0 + SAME_VALUE_TOLERANCE) if lo > 0 else hi != lo
+
+
+def sweep_kind(trials: Sequence[Mapping[str, Any]]) -> str:
+    """The kind of sweep these trials form (their :func:`sweep_values`): one of
+    ``predictors.ranking.SWEEP_KINDS``, or a broader group of ``KIND_GROUPS`` when the values
+    do not pin one down (several of η, B, λ vary, or they are not reported).
+
+    Example:
+        >>> sweep_kind([{"eta": 0.01, "batch_size": 2048, "tau": 0.3}, {"eta": 0.02, "batch_size": 2048, "tau": 0.3}])
+        'eta_fixed_tau'
+        >>> sweep_kind([{"eta": 0.01, "batch_size": 1024, "weight_decay": 0.1, "tau": 0.15},
+        ...             {"eta": 0.01, "batch_size": 2048, "weight_decay": 0.1, "tau": 0.3}])
+        'batch_fixed_lambda'
+    """
+    if len(trials) < 2:
+        return "mixed"
+    col = {k: [t.get(k) for t in trials] for k in SWEEP_VALUE_KEYS}
+    if any(_varies(col[k]) for k in ("tokens_per_param", "n_params", "schedule")):
+        return "mixed"
+    tau, eta, batch, lam = (_varies(col[k]) for k in ("tau", "eta", "batch_size", "weight_decay"))
+    if tau is False:
+        if eta and batch is False:
+            return "eta_fixed_tau"
+        if batch and eta is False:
+            return "batch_fixed_tau"
+        return "fixed_tau"
+    if tau is None:
+        return "mixed"
+    if lam is False:
+        if batch and eta is False:
+            return "batch_fixed_lambda"
+        if eta and batch is False:
+            return "eta_fixed_lambda"
+        return "fixed_lambda"
+    if lam and eta is False and batch is False:
+        return "lambda"
+    return "varying_tau"
+
+
+#: For each kind: the sweep value that varies, and the values held fixed.
+_KIND_AXES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "eta_fixed_tau": ("eta", ("tau", "batch_size")),
+    "batch_fixed_tau": ("batch_size", ("tau", "eta")),
+    "batch_fixed_lambda": ("batch_size", ("weight_decay", "eta")),
+    "lambda": ("weight_decay", ("batch_size", "eta")),
+    "eta_fixed_lambda": ("eta", ("weight_decay", "batch_size")),
+}
+#: Values that every member of one sweep shares, whatever its kind.
+_SHARED = ("tokens_per_param", "n_params", "schedule", "seed", "data_seed")
+
+
+def _clusters(values: Sequence[Any]) -> list[Any]:
+    """A label per value; numbers within SAME_VALUE_TOLERANCE share a label."""
+    labels: list[Any] = []
+    refs: list[float] = []
+    for v in values:
+        if v is None or isinstance(v, str):
+            labels.append(v)
+            continue
+        for i, r in enumerate(refs):
+            if abs(float(v) / r - 1.0) <= SAME_VALUE_TOLERANCE if r else v == r:
+                labels.append(i)
+                break
+        else:
+            refs.append(float(v))
+            labels.append(len(refs) - 1)
+    return labels
+
+
+def kind_groups(items: Mapping[str, Mapping[str, Any]], kind: str) -> list[list[str]]:
+    """The sweeps of ``kind`` among ``items`` (id → :func:`sweep_values` plus ``seed``,
+    ``data_seed``): groups of ≥ 2 ids that share everything the kind holds fixed (and TPP, N,
+    schedule and seeds) and differ in the value it varies. Each group is sorted; groups are
+    sorted by their first id."""
+    varied, fixed = _KIND_AXES[kind]
+    ids = sorted(items)
+    keys = list(dict.fromkeys([*fixed, *_SHARED, varied]))
+    labels = {k: _clusters([items[i].get(k) for i in ids]) for k in keys}
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for n, i in enumerate(ids):
+        if any(items[i].get(k) is None for k in (varied, *fixed)):
+            continue
+        groups.setdefault(tuple(labels[k][n] for k in keys if k != varied), []).append(i)
+    out = []
+    for members in groups.values():
+        varied_labels = {labels[varied][ids.index(i)] for i in members}
+        if len(varied_labels) >= 2:
+            out.append(sorted(members))
+    return sorted(out)
+
+
+# ---------------------------------------------------------------------- margins
+
+
+def ranking_margin(
+    predictor: Any, stop_fraction: float, kind: str, controls: Sequence[Controls] = (),
+    z: float = DEFAULT_MARGIN_Z,
+) -> tuple[float, str]:
+    """The keep-margin in log units, z·σ, with σ the predictor's ranking scale for a sweep of
+    ``kind`` at ``stop_fraction`` (``Predictor.ranking_scale``; the cross-scale one when a
+    trial is off the calibrated scale), and its source in words. A predictor without
+    ``ranking_scale`` gives 0."""
+    scale_of = getattr(predictor, "ranking_scale", None)
+    if not callable(scale_of):
+        return 0.0, "the predictor states no ranking error: margin 0"
+    sigma, words = scale_of(stop_fraction, kind, list(controls))
+    return float(z) * float(sigma), f"{z:g} × ranking scale {100 * sigma:.2f}% ({words})"
+
+
+# ---------------------------------------------------------------------- the keep rule
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A trial at a rung: its predicted final loss (None: no prediction) and its smoothed
+    loss at the rung point (the tie-break, and what current-best ranks by)."""
+
+    trial_id: str
+    predicted: Optional[float]
+    loss: Optional[float]
+    uncertainty: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class KeepDecision:
+    """The outcome of :func:`keep_rule` at one rung.
+
+    Attributes:
+        kept: ids kept, ranked ones first in rank order, then those without a prediction.
+        stopped: ids the rule stops, in rank order.
+        ranked: ids with a prediction, in rank order.
+        reasons: id → the decision in words.
+        predicted_best: the best-ranked id (None when nobody has a prediction).
+        current_best: the id with the lowest loss at the rung.
+        n_rule: how many the rule keeps before the margin (⌈n/rf⌉, or 1 at the last rung).
+        margin: the log margin applied.
+        kept_all: True when every ranked trial lies within the margin of the best (no honest
+            ranking exists at this rung: everyone is kept).
+    """
+
+    kept: tuple[str, ...]
+    stopped: tuple[str, ...]
+    ranked: tuple[str, ...]
+    reasons: Mapping[str, str]
+    predicted_best: Optional[str]
+    current_best: Optional[str]
+    n_rule: int
+    margin: float
+    kept_all: bool
+
+
+def _rank_key(c: Candidate) -> tuple[float, float, str]:
+    return (math.log(c.predicted) if c.predicted else math.inf,
+            c.loss if c.loss is not None and math.isfinite(c.loss) else math.inf, c.trial_id)
+
+
+def _fmt(c: Candidate) -> str:
+    sigma = f"±{c.uncertainty:.4f}" if c.uncertainty is not None else ""
+    return f"{c.predicted:.4f}{sigma}"
+
+
+def current_best(candidates: Iterable[Candidate]) -> Optional[str]:
+    """The id with the lowest loss at the rung (ties: trial id); None without losses."""
+    known = [c for c in candidates if c.loss is not None and math.isfinite(c.loss)]
+    return min(known, key=lambda c: (c.loss, c.trial_id)).trial_id if known else None
+
+
+def keep_rule(
+    candidates: Sequence[Candidate], *, last: bool, reduction_factor: float, margin: float,
+    margin_words: str = "",
+) -> KeepDecision:
+    """Apply the keep rule (module docstring) to every trial at one rung."""
+    if not reduction_factor > 1.0:
+        raise ValueError(f"reduction_factor: must be > 1, got {reduction_factor!r}")
+    if not (margin >= 0.0 and math.isfinite(margin)):
+        raise ValueError(f"margin: must be a finite number >= 0, got {margin!r}")
+    ranked = sorted((c for c in candidates if c.predicted is not None and c.predicted > 0), key=_rank_key)
+    ranked_ids = {c.trial_id for c in ranked}
+    unranked = [c for c in candidates if c.trial_id not in ranked_ids]
+    n = len(ranked)
+    n_rule = 1 if last else math.ceil(n / reduction_factor)
+    reasons: dict[str, str] = {}
+    kept: list[str] = []
+    stopped: list[str] = []
+    words = f" ({margin_words})" if margin_words else ""
+    best = ranked[0] if ranked else None
+    spread = math.log(ranked[-1].predicted / best.predicted) if n > 1 and best else 0.0  # type: ignore[operator]
+    # A margin of 0 keeps exactly the rule's survivors, even on an exact tie.
+    kept_all = n > 1 and margin > 0 and spread <= margin + 1e-12
+    for i, c in enumerate(ranked):
+        gap = math.log(c.predicted / best.predicted)  # type: ignore[operator, union-attr]
+        place = f"predicted {_fmt(c)} is {i + 1} of {n}"
+        if i < n_rule:
+            kept.append(c.trial_id)
+            reasons[c.trial_id] = (f"{place}: the predicted best" if i == 0 else
+                                   f"{place}; keeping the top {n_rule}")
+        elif margin > 0 and gap <= margin + 1e-12:
+            kept.append(c.trial_id)
+            reasons[c.trial_id] = f"{place}, {100 * gap:.2f}% above the best: within the margin {100 * margin:.2f}%{words}"
+        else:
+            stopped.append(c.trial_id)
+            reasons[c.trial_id] = f"{place}, {100 * gap:.2f}% above the best: beyond the margin {100 * margin:.2f}%{words}"
+    if kept_all:
+        for c in ranked:
+            reasons[c.trial_id] = (f"predicted {_fmt(c)}; the spread of all {n} predictions, {100 * spread:.2f}%, "
+                                   f"is within the margin {100 * margin:.2f}%{words}: keeping everyone")
+    for c in unranked:
+        kept.append(c.trial_id)
+        reasons[c.trial_id] = "no prediction: kept"
+    return KeepDecision(tuple(kept), tuple(stopped), tuple(c.trial_id for c in ranked), reasons,
+                        best.trial_id if best else None, current_best(candidates), n_rule, float(margin), kept_all)
+
+
+def judge_arrival(
+    recorded: Sequence[Candidate], arrival: Candidate, *, last: bool, reduction_factor: float,
+    margin: float, margin_words: str = "",
+) -> tuple[bool, str]:
+    """One trial judged against the predictions already recorded at a rung (async mode and
+    late arrivals, as ASHA judges): the keep rule over recorded + arrival, and whether the
+    arrival is kept. The first prediction at a rung, and a trial without one, are kept."""
+    if arrival.predicted is None:
+        return True, "no prediction: kept"
+    others = [c for c in recorded if c.predicted is not None and c.trial_id != arrival.trial_id]
+    if not others:
+        return True, f"predicted {_fmt(arrival)}: the first prediction recorded at this rung"
+    decision = keep_rule([*others, arrival], last=last, reduction_factor=reduction_factor, margin=margin,
+                         margin_words=margin_words)
+    keep = arrival.trial_id in decision.kept
+    return keep, decision.reasons[arrival.trial_id] + f" (against {len(others)} recorded)"
+
+
+# ---------------------------------------------------------------------- probability
+
+
+def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float]) -> list[float]:
+    """P(trial i has the lowest true final) when trial i's log-final is N(μ_i, σ_i²),
+    independent across trials (σ_i = ranking scale/√2, so that a pair's difference has the
+    ranking scale): ∫ φ(x) Π_{j≠i} [1 − Φ((μ_i + σ_i x − μ_j)/σ_j)] dx, on a fixed grid.
+
+    Example:
+        >>> [round(p, 3) for p in probability_best([0.0, 0.0], [0.01, 0.01])]
+        [0.5, 0.5]
+    """
+    from scipy.stats import norm
+
+    mu = np.asarray(log_means, dtype=np.float64)
+    sd = np.maximum(np.asarray(log_sigmas, dtype=np.float64), 1e-9)
+    if mu.size == 0:
+        return []
+    if mu.size == 1:
+        return [1.0]
+    x = np.linspace(-8.0, 8.0, 1601)
+    weight = norm.pdf(x) * (x[1] - x[0])
+    out = []
+    for i in range(mu.size):
+        value = mu[i] + sd[i] * x  # candidate value of trial i's log-final
+        survive = np.ones_like(x)
+        for j in range(mu.size):
+            if j != i:
+                survive *= norm.sf((value - mu[j]) / sd[j])
+        out.append(float(np.sum(weight * survive)))
+    total = sum(out)
+    return [p / total for p in out] if total > 0 else [1.0 / mu.size] * mu.size
+
+
+# ---------------------------------------------------------------------- compute
+
+
+def compute_fraction(
+    reached: Mapping[str, float], weights: Optional[Mapping[str, Optional[float]]] = None,
+    extra: Optional[Mapping[str, float]] = None,
+) -> float:
+    """The compute a sweep spent, as a fraction of training every trial to the end:
+    Σ_i w_i·(t̂_i + r_i) / Σ_i w_i, with t̂_i the fraction trial i reached (clipped to
+    [0, 1]), r_i the fraction it trained twice (``extra``: work redone after a restart
+    without a checkpoint) and w_i = N_i·D_i (``weights``; equal weights unless every trial
+    has a positive one: exact within a sweep of one model size and TPP).
+
+    Example:
+        >>> round(compute_fraction({"a": 1.0, "b": 0.1, "c": 0.1}), 6)
+        0.4
+    """
+    if not reached:
+        return 0.0
+    ids = list(reached)
+    w = [finite_or_none((weights or {}).get(i)) for i in ids]
+    if any(v is None or v <= 0 for v in w):
+        w = [1.0] * len(ids)
+    done = sum(wi * (min(max(float(reached[i]), 0.0), 1.0) + max(float((extra or {}).get(i, 0.0)), 0.0))
+               for i, wi in zip(ids, w))
+    return float(done / sum(w))  # type: ignore[arg-type]
+
+
+def is_finished(train_fraction: float) -> bool:
+    """Whether a trial that reached ``train_fraction`` ran to the end."""
+    from predictors.smoothing import FINISHED_T_HAT
+
+    return float(train_fraction) >= FINISHED_T_HAT
+
+
+__all__ = [
+    "Candidate", "DEFAULT_MARGIN_Z", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
+    "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished", "judge_arrival",
+    "keep_rule", "kind_groups", "predict_at_rung", "probability_best", "ranking_margin", "sweep_kind",
+    "sweep_values",
+]

@@ -1,0 +1,171 @@
+"""The ranking error of a predictor: how reliably it orders the trials of one sweep.
+
+A keep/stop decision compares trials of one sweep, so what matters is not the error of each
+predicted final loss (``DecisionError``, e(s)) but the error of their *order*. A bias that
+every trial of the sweep shares (all predictions 3% low) does not change the order; what
+changes it is the part of the error that differs between trials, and that depends on what
+the sweep varies. ``hpo calibrate`` therefore measures, on held-out predictions, for pairs
+(i, j) of trials of one sweep at each stop fraction s:
+
+* ``rms``: the RMS of log(P_i/P_j) − log(F_i/F_j) (predicted against true final log-ratio);
+* ``scale``: the *ranking scale* σ of a probit model of the pair's order,
+  P(the order of the true finals agrees with the predicted order) = Φ(|log(P_i/P_j)| / σ),
+  fitted by maximum likelihood and stated at its upper bound (the σ where the
+  log-likelihood, each pair weighted 2/k in a sweep of k trials because its k(k−1)/2 pairs
+  hold only k − 1 independent differences, falls 0.5 below its maximum): small banks give
+  wide, conservative scales. Unlike ``rms`` it is not inflated when far-apart trials end
+  even further apart, which never changes an order;
+
+for each *kind* of sweep (:data:`SWEEP_KINDS`), because the order is harder to predict
+when the curves cross (τ varies) than when they share one normalised shape (fixed τ).
+
+The scheduler's keep rule (``hpo.rules``) keeps every trial whose predicted log-final is
+within z·σ of the predicted best: under the model each stopped trial had a chance below
+Φ(−z) of beating it.
+
+Example:
+    >>> table = RankingError(kinds={"lambda": KindError(stop_fractions=(0.1, 0.3),
+    ...     scale=(0.02, 0.01), rms=(0.03, 0.015), n_pairs=(20, 20), n_groups=(4, 4))})
+    >>> round(table.scale_at(0.2, "lambda")[0], 4)
+    0.015
+    >>> table.scale_at(0.2, "eta_fixed_tau")[1]
+    'no eta_fixed_tau sweeps in the calibration: the largest measured ranking scale (lambda)'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+#: The kinds of sweep the ranking error is measured for: what varies, and what is held fixed.
+SWEEP_KINDS: dict[str, str] = {
+    "eta_fixed_tau": "η at fixed τ (λ re-derived)",
+    "batch_fixed_tau": "B at fixed τ (λ re-derived)",
+    "batch_fixed_lambda": "B at fixed λ (τ grows with B)",
+    "lambda": "λ at fixed B and η (τ varies)",
+    "eta_fixed_lambda": "η at fixed λ (τ falls as η grows)",
+}
+#: Broader kinds, for sweeps whose controls do not pin one kind down (both η and B vary, or
+#: the sweep values are not reported): the largest error of their member kinds applies.
+KIND_GROUPS: dict[str, tuple[str, ...]] = {
+    "fixed_tau": ("eta_fixed_tau", "batch_fixed_tau"),
+    "fixed_lambda": ("batch_fixed_lambda", "eta_fixed_lambda"),
+    "varying_tau": ("batch_fixed_lambda", "lambda", "eta_fixed_lambda"),
+    "mixed": tuple(SWEEP_KINDS),
+}
+
+
+@dataclass(frozen=True)
+class KindError:
+    """The ranking error of one kind of sweep, by stop fraction (see the module docstring)."""
+
+    stop_fractions: tuple[float, ...]
+    scale: tuple[float, ...]
+    rms: tuple[float, ...]
+    n_pairs: tuple[int, ...]
+    n_groups: tuple[int, ...]
+    mle: Optional[tuple[float, ...]] = None  # the probit scale's maximum-likelihood value
+
+    def __post_init__(self) -> None:
+        n = len(self.stop_fractions)
+        s = np.asarray(self.stop_fractions, dtype=np.float64)
+        if n == 0 or np.any(s <= 0) or np.any(s > 1) or np.any(np.diff(s) <= 0):
+            raise ValueError("ranking_error: stop_fractions must be strictly increasing in (0, 1]")
+        for name in ("scale", "rms", "n_pairs", "n_groups") + (("mle",) if self.mle is not None else ()):
+            values = getattr(self, name)
+            if len(values) != n:
+                raise ValueError(f"ranking_error: {name} must have one entry per stop fraction")
+            arr = np.asarray(values, dtype=np.float64)
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise ValueError(f"ranking_error: {name} must be finite and ≥ 0")
+        for name in ("stop_fractions", "scale", "rms") + (("mle",) if self.mle is not None else ()):
+            object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
+        for name in ("n_pairs", "n_groups"):
+            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
+
+    def at(self, stop_fraction: float) -> float:
+        """The ranking scale at ``stop_fraction`` (linear between, held at the ends)."""
+        return float(np.interp(stop_fraction, self.stop_fractions, self.scale))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stop_fractions": list(self.stop_fractions), "scale": list(self.scale),
+                "rms": list(self.rms), "n_pairs": list(self.n_pairs), "n_groups": list(self.n_groups),
+                "mle": None if self.mle is None else list(self.mle)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KindError":
+        mle = data.get("mle")
+        return cls(tuple(data["stop_fractions"]), tuple(data["scale"]), tuple(data["rms"]),
+                   tuple(data["n_pairs"]), tuple(data["n_groups"]), None if mle is None else tuple(mle))
+
+
+@dataclass(frozen=True)
+class RankingError:
+    """Measured ranking errors by kind of sweep, in-scale and (optionally) across scales.
+
+    Args:
+        kinds: kind → :class:`KindError`, measured on held-out predictions at the
+            calibrated scale (``source`` says how they were held out).
+        cross_scale: kind → :class:`KindError` measured across scales (refit without one
+            TPP or model size, pairs within its sweeps), for runs off the calibrated scale.
+        source: how the in-scale predictions were held out.
+        cross_scale_source: how the cross-scale ones were.
+    """
+
+    kinds: Mapping[str, KindError] = field(default_factory=dict)
+    cross_scale: Optional[Mapping[str, KindError]] = None
+    source: str = "leave-one-sweep-out"
+    cross_scale_source: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for table in (self.kinds, self.cross_scale or {}):
+            unknown = [k for k in table if k not in SWEEP_KINDS]
+            if unknown:
+                raise ValueError(f"ranking_error: unknown sweep kind(s) {unknown}; known: {list(SWEEP_KINDS)}")
+        object.__setattr__(self, "kinds", dict(self.kinds))
+        if self.cross_scale is not None:
+            object.__setattr__(self, "cross_scale", dict(self.cross_scale))
+
+    def scale_at(self, stop_fraction: float, kind: str, *, off_scale: bool = False) -> tuple[Optional[float], str]:
+        """(ranking scale σ at ``stop_fraction`` for a sweep of ``kind``, its source in words).
+
+        ``kind`` is one of :data:`SWEEP_KINDS` or :data:`KIND_GROUPS`; a group takes the largest
+        scale of its measured members. A kind the calibration did not measure falls back to the
+        largest measured scale (and says so). With ``off_scale`` the cross-scale table is used
+        where it is measured and larger. (None, why) when nothing was measured at all.
+        """
+        if not self.kinds:
+            return None, "no ranking error was measured"
+        members = KIND_GROUPS.get(kind, (kind,))
+        measured = [k for k in members if k in self.kinds]
+        if measured:
+            best = max(measured, key=lambda k: self.kinds[k].at(stop_fraction))
+            value = self.kinds[best].at(stop_fraction)
+            words = f"{best} sweeps ({self.source})" if kind == best else f"{kind}: largest of {best}"
+        else:
+            best = max(self.kinds, key=lambda k: self.kinds[k].at(stop_fraction))
+            value = self.kinds[best].at(stop_fraction)
+            words = f"no {kind} sweeps in the calibration: the largest measured ranking scale ({best})"
+        if off_scale and self.cross_scale:
+            cross = [k for k in (measured or [best]) if k in self.cross_scale]
+            if cross:
+                k = max(cross, key=lambda c: self.cross_scale[c].at(stop_fraction))  # type: ignore[index]
+                value_x = self.cross_scale[k].at(stop_fraction)  # type: ignore[index]
+                if value_x > value:
+                    return value_x, f"{k} sweeps across scales ({self.cross_scale_source or 'cross-scale'})"
+        return value, words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kinds": {k: v.to_dict() for k, v in self.kinds.items()},
+                "cross_scale": None if self.cross_scale is None else
+                {k: v.to_dict() for k, v in self.cross_scale.items()},
+                "source": self.source, "cross_scale_source": self.cross_scale_source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RankingError":
+        cross = data.get("cross_scale")
+        return cls({k: KindError.from_dict(v) for k, v in (data.get("kinds") or {}).items()},
+                   None if cross is None else {k: KindError.from_dict(v) for k, v in cross.items()},
+                   str(data.get("source", "leave-one-sweep-out")), data.get("cross_scale_source"))

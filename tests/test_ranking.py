@@ -1,0 +1,48 @@
+"""Ranking errors by kind of sweep (predictors/ranking.py) and their measurement (hpo/held_out.py)."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+
+import predictors.ranking
+from hpo.held_out import probit_scale
+from predictors.ranking import KindError, RankingError
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(predictors.ranking).failed == 0
+
+
+def test_unknown_kinds_and_bad_tables_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown sweep kind"):
+        RankingError({"weird": KindError((0.1,), (0.01,), (0.01,), (1,), (1,))})
+    with pytest.raises(ValueError, match="one entry per stop fraction"):
+        KindError((0.1, 0.2), (0.01,), (0.01, 0.02), (1, 1), (1, 1))
+
+
+def test_cross_scale_scale_applies_off_scale_only_when_larger() -> None:
+    small = KindError((0.1,), (0.01,), (0.01,), (10,), (2,))
+    large = KindError((0.1,), (0.05,), (0.05,), (10,), (2,))
+    table = RankingError({"lambda": small}, {"lambda": large}, cross_scale_source="leave-one-TPP-out")
+    assert table.scale_at(0.1, "lambda")[0] == 0.01
+    assert table.scale_at(0.1, "lambda", off_scale=True) == (0.05, "lambda sweeps across scales (leave-one-TPP-out)")
+    assert RankingError({"lambda": large}, {"lambda": small}).scale_at(0.1, "lambda", off_scale=True)[0] == 0.05
+
+
+def test_probit_scale_recovers_the_noise_of_the_order() -> None:
+    # Pairs whose true log-ratio is the predicted one plus N(0, σ²): the fitted scale is near σ,
+    # its upper bound above it, and tighter with more pairs.
+    rng = np.random.default_rng(0)
+    for sigma in (0.01, 0.03):
+        dp = rng.uniform(-0.08, 0.08, size=2000)
+        dt = dp + rng.normal(0, sigma, size=dp.size)
+        mle, upper = probit_scale(dp, dt, np.ones_like(dp))
+        assert mle == pytest.approx(sigma, rel=0.2) and mle <= upper <= 1.3 * mle
+    # With a handful of pairs that all agree, the bound stays wide (no false confidence).
+    mle, upper = probit_scale(np.array([0.02, 0.03]), np.array([0.01, 0.02]), np.ones(2))
+    assert upper >= 0.01
+    # No pair with a predicted order: no evidence at all.
+    assert probit_scale(np.zeros(3), np.ones(3), np.ones(3)) == (1.0, 1.0)
