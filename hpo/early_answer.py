@@ -6,12 +6,12 @@ MLflow parent run, while the surviving trial keeps training.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console
+
+from predictors.io import atomic_write_json
 
 
 class EarlyAnswer:
@@ -22,10 +22,7 @@ class EarlyAnswer:
         self.tracker = tracker
 
     def __call__(self, answer: dict[str, Any]) -> None:
-        path = self.output_dir / "predicted_best.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(answer, indent=2, default=str))
-        os.replace(tmp, path)
+        atomic_write_json(self.output_dir / "predicted_best.json", answer)
         Console(stderr=False).print(format_early_answer(answer))
         if self.tracker is not None:
             try:
@@ -34,6 +31,7 @@ class EarlyAnswer:
                     "predicted_best.config": answer.get("config"),
                     "predicted_best.final_loss": answer.get("predicted_final_loss"),
                     "predicted_best.uncertainty": answer.get("uncertainty"),
+                    "predicted_best.probability_best": answer.get("probability_best"),
                     "predicted_best.rung": answer.get("rung"),
                     "predicted_best.compute_fraction": answer.get("compute_fraction"),
                     "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
@@ -47,15 +45,18 @@ def format_early_answer(answer: dict[str, Any]) -> str:
     config = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in (answer.get("config") or {}).items())
     margin = answer.get("margin")
+    p_best = answer.get("probability_best")
     lines = [
         "",
         f"[bold green]Early answer at t̂ = {answer.get('rung')}[/bold green]: predicted best is "
         f"trial {answer.get('trial_id')} ({config})",
+        *([f"  probability that it is the best of the {answer.get('n_candidates')} trials: {100 * p_best:.0f}% "
+           "(under the calibrated ranking error)"] if p_best is not None else []),
         f"  predicted final loss {answer.get('predicted_final_loss'):.4f} "
         f"± {answer.get('uncertainty'):.4f}"
         + (f"; keep-margin {answer['margin_text']}" if answer.get("margin_text")
            else f"; kept within margin {margin}" if margin not in (None, 0, 0.0) else ""),
-        *([f"  the calibrated error exceeded the spread of predicted finals: kept all "
+        *([f"  the margin exceeded the spread of the predicted finals: kept all "
            f"{len(answer.get('kept') or [])} trials"] if answer.get("kept_all") else []),
         f"  compute spent so far: {100 * float(answer.get('compute_fraction', 0.0)):.1f}% "
         "of the full sweep",

@@ -21,14 +21,14 @@ Schema (``version`` 1)::
     {
       "version": 1,
       "settings": {"metric", "mode", "time_attr", "rungs", "reduction_factor",
-                   "margin", "margin_scale", "margin_relative", "decision_mode", "min_points"},
+                   "margin", "margin_z", "decision_mode", "min_points"},
       "trials": {trial_id: {"trial_id", "order", "config", "controls", "history": [[t, loss], ...],
                             "status", "stopped_at", "would_stop_at", "diverged_at",
                             "final_metric", "last_train_fraction", "n_params", "total_tokens",
                             "latest_prediction": {"rung", "train_fraction", "final_loss",
-                                                  "uncertainty"} | null}},
+                                                  "uncertainty"} | null, "sweep_values"}},
       "rungs": [{"index", "fraction", "decided", "decided_at", "n_participants", "n_keep",
-                 "margin", "margin_relative", "kept_all", "survivors", "predicted_best", "current_best", "compute_fraction",
+                 "margin", "margin_source", "kind", "kept_all", "survivors", "predicted_best", "current_best", "compute_fraction",
                  "entries": {trial_id: {"trial_id", "train_fraction", "smoothed_loss",
                                         "n_points", "predicted_final_loss", "uncertainty",
                                         "decision", "reason", "late", "decided_at",
@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Union
+
+from predictors.io import atomic_write_text, finite_or_none, json_safe  # noqa: F401 - re-exported
 
 SCHEMA_VERSION = 1
 
@@ -72,46 +72,6 @@ class StateFileError(ValueError):
 def utc_now() -> str:
     """The current time as an ISO 8601 UTC string (second resolution)."""
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
-def json_safe(value: Any) -> Any:
-    """A JSON-serialisable copy of ``value``: non-finite floats become None, numpy scalars
-    plain numbers, tuples lists, mapping keys strings, anything else its ``repr``."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    item = getattr(value, "item", None)  # numpy scalar
-    if callable(item) and getattr(value, "ndim", None) == 0:
-        try:
-            return json_safe(item())
-        except Exception:  # noqa: BLE001 - fall back to repr below
-            pass
-    tolist = getattr(value, "tolist", None)  # numpy array
-    if callable(tolist):
-        try:
-            return json_safe(tolist())
-        except Exception:  # noqa: BLE001
-            pass
-    return repr(value)
-
-
-def finite_or_none(value: Any) -> Optional[float]:
-    """``value`` as a finite float, or None (missing, non-numeric, NaN, ±inf). Lenient: for
-    reading results and records; loading the state file itself uses the strict ``_opt_float``."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 def _opt_float(value: Any) -> Optional[float]:
@@ -180,10 +140,13 @@ class RungRecord:
         n_participants: trials ranked at the decision.
         n_keep: how many the rule kept (⌈n/rf⌉ at intermediate rungs; at the last rung the
             predicted best plus those within the margin).
-        margin: the σ margin (in combined standard deviations) used at this rung.
-        margin_relative: the calibrated relative margin used at this rung (None for σ margins).
-        kept_all: True when the calibrated error exceeded the spread of the predicted finals
-            and everyone was kept.
+        margin: the keep-margin used at this rung, in log-final units (0.02 ≈ 2% above the
+            predicted best; ``hpo.rules``).
+        margin_source: where the margin came from, in words (the ranking error of which kind
+            of sweep, or a fixed margin).
+        kind: the kind of sweep the participants formed (``hpo.rules.sweep_kind``).
+        kept_all: True when the spread of all predicted finals was within the margin and
+            everyone was kept.
         survivors: ids of the trials kept at the decision (late arrivals append).
         predicted_best: id of the trial with the best predicted final loss at the rung.
         current_best: id of the trial with the best smoothed loss at the rung.
@@ -198,7 +161,8 @@ class RungRecord:
     n_participants: int = 0
     n_keep: int = 0
     margin: float = 0.0
-    margin_relative: Optional[float] = None
+    margin_source: str = ""
+    kind: str = ""
     kept_all: bool = False
     survivors: list[str] = field(default_factory=list)
     predicted_best: Optional[str] = None
@@ -219,7 +183,7 @@ class RungRecord:
         rung = cls(**_known(cls, raw))
         rung.fraction = float(rung.fraction)
         rung.margin = float(rung.margin or 0.0)
-        rung.margin_relative = _opt_float(rung.margin_relative)
+        rung.margin_source, rung.kind = str(rung.margin_source or ""), str(rung.kind or "")
         rung.kept_all = bool(rung.kept_all)
         rung.survivors = [str(s) for s in rung.survivors or []]
         rung.compute_fraction = _opt_float(rung.compute_fraction)
@@ -247,6 +211,8 @@ class TrialRecord:
         total_tokens: reported D (for compute weights), if any.
         latest_prediction: ``{"rung", "train_fraction", "final_loss", "uncertainty"}`` of the
             latest rung at which the trial was predicted.
+        sweep_values: η, B, λ, τ, TPP, N and schedule (``hpo.rules.sweep_values``), from the
+            latest result and the config: what tells the kind of sweep.
     """
 
     trial_id: str
@@ -263,10 +229,7 @@ class TrialRecord:
     n_params: Optional[float] = None
     total_tokens: Optional[float] = None
     latest_prediction: Optional[dict[str, Any]] = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+    sweep_values: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -364,25 +327,9 @@ class SchedulerState:
         return cls.from_json(text, source=str(path))
 
     def save(self, path: Union[str, Path]) -> None:
-        """Write atomically: a temporary file in the same folder, then ``os.replace``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write atomically (``predictors.io``)."""
         self.updated_at = utc_now()
-        text = self.to_json()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the report and CLI read this file
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write_text(path, self.to_json())
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

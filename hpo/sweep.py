@@ -88,7 +88,7 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any) -> Any
         rungs=tuple(config.scheduler.rungs),
         reduction_factor=config.scheduler.reduction_factor,
         margin=config.scheduler.margin,
-        margin_scale=config.scheduler.margin_scale,
+        margin_z=config.scheduler.margin_z,
         decision_mode=config.scheduler.mode,
         state_path=output / STATE_FILE,
         on_early_answer=early_answer,

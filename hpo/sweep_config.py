@@ -81,11 +81,12 @@ class SchedulerSettings(_Strict):
     mode: Literal["sync", "async", "audit"] = "sync"
     rungs: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3])
     reduction_factor: float = 2.0
-    # "calibrated" (default): keep every trial within the predictor's measured decision
-    # error of the predicted best; a number: margin in combined σ at the last rung; a
-    # mapping {rung: σ margin} per rung. See hpo.scheduler.CollapseScheduler.
-    margin: Union[Literal["calibrated"], float, dict[float, float]] = "calibrated"
-    margin_scale: float = 1.0
+    # "calibrated" (default): keep every trial whose predicted log-final is within margin_z
+    # times the predictor's ranking scale (for this kind of sweep, at the rung) of the
+    # predicted best; a number: a fixed margin in log units (0.02 ≈ 2%) at every rung.
+    # See hpo.rules and hpo.scheduler.CollapseScheduler.
+    margin: Union[str, float] = "calibrated"
+    margin_z: float = 1.0
     metric: str = "loss"
 
     @field_validator("rungs")
@@ -106,28 +107,21 @@ class SchedulerSettings(_Strict):
             raise ValueError("must be > 1")
         return value
 
-    @field_validator("margin")
+    @field_validator("margin", mode="before")
     @classmethod
     def _margin(cls, value: Any) -> Any:
-        numbers = list(value.values()) if isinstance(value, dict) else [] if isinstance(value, str) else [value]
-        if any(not (v >= 0.0 and math.isfinite(v)) for v in numbers):
-            raise ValueError("must be 'calibrated', a finite number >= 0, or a mapping {rung: number >= 0}")
-        return value
+        if value == "calibrated":
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return float(value)
+        raise ValueError(f"must be 'calibrated' or a finite number >= 0 (a log margin, 0.02 ≈ 2%), got {value!r}")
 
-    @field_validator("margin_scale")
+    @field_validator("margin_z")
     @classmethod
-    def _margin_scale(cls, value: float) -> float:
+    def _margin_z(cls, value: float) -> float:
         if not (value >= 0.0 and math.isfinite(value)):
             raise ValueError("must be a finite number >= 0")
         return value
-
-    @model_validator(mode="after")
-    def _margin_rungs(self) -> "SchedulerSettings":
-        if isinstance(self.margin, dict):
-            unknown = [k for k in self.margin if not any(abs(k - r) <= 1e-9 for r in self.rungs)]
-            if unknown:
-                raise ValueError(f"margin: {unknown} are not rungs {self.rungs}")
-        return self
 
 
 class Resources(_Strict):

@@ -12,6 +12,7 @@ ANSWER = {
     "margin": 0.0249, "margin_kind": "relative",
     "margin_text": "2.49% of the predicted best at t̂ = 0.3 (calibrated decision error ...)",
     "kept_all": False, "compute_fraction": 0.187, "rung": 0.3, "kept": ["t3", "t1"],
+    "probability_best": 0.73, "n_candidates": 6,
 }
 
 
@@ -20,6 +21,7 @@ def test_early_answer_states_the_margin_and_compute(tmp_path: Path) -> None:
     # file holds the whole answer.
     text = format_early_answer(ANSWER)
     assert "lr=0.005" in text and "keep-margin 2.49%" in text and "18.7%" in text
+    assert "probability that it is the best of the 6 trials: 73%" in text
     assert "kept all" not in text
     EarlyAnswer(tmp_path)(ANSWER)
     assert json.loads((tmp_path / "predicted_best.json").read_text())["margin_text"].startswith("2.49%")

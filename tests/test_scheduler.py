@@ -206,6 +206,8 @@ def six_trials(spec: dict = SIX) -> list[Trial]:
 
 def sched(**kw: Any) -> CollapseScheduler:
     kw.setdefault("predictor", FakePredictor())
+    kw.setdefault("metric", "loss")
+    kw.setdefault("mode", "min")
     kw.setdefault("min_points", 2)
     s = CollapseScheduler(**kw)
     s._strict = True  # re-raise internal errors in tests instead of logging them
@@ -257,9 +259,9 @@ def test_sync_decision_log(tmp_path):
     assert e.train_fraction == pytest.approx(0.1) and e.n_points == 2
     assert e.smoothed_loss == pytest.approx(curve(1.2, 0.3, 0.1))
     assert e.predicted_final_loss == pytest.approx(1.2) and e.uncertainty == pytest.approx(0.01)
-    assert e.decision == "continue" and e.reason == "predicted 1.2000±0.0100 is 3rd of 6; keeping top 3"
+    assert e.decision == "continue" and e.reason == "predicted 1.2000±0.0100 is 3 of 6; keeping the top 3"
     assert rung0.entries["t0"].decision == "stop"
-    assert "4th of 6; keeping top 3" in rung0.entries["t0"].reason
+    assert "is 4 of 6, 26.24% above the best: beyond the margin 0.00%" in rung0.entries["t0"].reason
     assert s.state.rungs[2].entries["t3"].decision == "keep"
     assert s.state.rungs[2].entries["t1"].decision == "stop"
     # persisted: the file equals the live state
@@ -336,7 +338,7 @@ def test_ties_broken_by_current_loss_then_id():
     trials = [stub("a", final=1.0, tau=0.8), stub("b", final=1.0, tau=0.4), stub("c", final=1.3, tau=0.4)]
     FakeController(s, trials).run(workers=2)
     assert s.state.rungs[0].survivors == ["b"]
-    assert "tie broken" in s.state.rungs[0].entries["a"].reason
+    assert "is 2 of 3" in s.state.rungs[0].entries["a"].reason
     s2 = sched(rungs=(0.1,))
     FakeController(s2, [stub("z", final=1.0, tau=0.4), stub("y", final=1.0, tau=0.4)]).run(workers=2)
     assert s2.state.rungs[0].survivors == ["y"]  # identical: trial id decides
@@ -351,69 +353,62 @@ def test_tie_at_intermediate_rung_keeps_exact_count():
     assert s.state.rungs[1].survivors == ["a"]
 
 
-# Asserts: margin > 0 keeps near-ties at the last rung (within margin·sqrt(σ_j² + σ_b²)), not others.
-def test_margin_keeps_near_ties():
-    s = sched(rungs=(0.1,), margin=2.0, predictor=FakePredictor(sigma=0.01))
+# Asserts: a fixed margin (log units) keeps near-ties at the last rung, not the others.
+def test_fixed_margin_keeps_near_ties():
+    s = sched(rungs=(0.1,), margin=0.03)
     trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.02, tau=0.5), stub("c", final=1.05, tau=0.5)]
     FakeController(s, trials).run(workers=2)
-    # threshold = 2·sqrt(2)·0.01 ≈ 0.028: b (0.02 worse) kept, c (0.05 worse) stopped
+    # log(1.02) = 1.98% ≤ 3%: b kept; log(1.05) = 4.88%: c stopped
     assert outcome(s) == {"a": ("completed", None), "b": ("completed", None), "c": ("stopped", 0.1)}
-    assert "keeping near-tie" in s.state.rungs[0].entries["b"].reason
+    assert "within the margin 3.00%" in s.state.rungs[0].entries["b"].reason
     assert s.state.early_answer["trial_id"] == "a" and s.state.early_answer["kept"] == ["a", "b"]
+    with pytest.raises(ValueError, match="margin"):
+        CollapseScheduler(predictor=FakePredictor(), margin=-0.1)
 
 
-# Asserts: a per-rung margin mapping widens an intermediate rung; unknown rungs are rejected.
-def test_margin_mapping_per_rung():
-    s = sched(rungs=(0.1, 0.2), margin={0.1: 3.0}, predictor=FakePredictor(sigma=0.01))
-    trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.03, tau=0.5),
-              stub("c", final=1.04, tau=0.5), stub("d", final=1.5, tau=0.5)]
-    FakeController(s, trials).run(workers=2)
-    # top 2 are a, b; c is 0.01 worse than b, within 3·sqrt(2)·0.01 ≈ 0.042 → also kept
-    assert s.state.rungs[0].survivors == ["a", "b", "c"]
-    assert s.state.rungs[1].survivors == ["a"]  # last rung margin 0 → exactly one
-    with pytest.raises(ValueError, match="not one of the rungs"):
-        CollapseScheduler(predictor=FakePredictor(), margin={0.15: 1.0})
+class RankedFakePredictor(FakePredictor):
+    """A FakePredictor stating a ranking scale per rung, as ``Predictor.ranking_scale``; it
+    records the sweep kinds it was asked about."""
 
-
-class CalibratedFakePredictor(FakePredictor):
-    """A FakePredictor carrying a calibrated decision error, as ``Predictor.decision_error``."""
-
-    def __init__(self, rel_error: dict[float, float], **kw: Any) -> None:
+    def __init__(self, scale: dict[float, float], **kw: Any) -> None:
         super().__init__(**kw)
-        from predictors.predictor import DecisionError
+        self.scale = scale
+        self.kinds: list[str] = []
 
-        fractions = sorted(rel_error)
-        self.decision_error = DecisionError(stop_fractions=fractions, rel_error=[rel_error[f] for f in fractions],
-                                            statistic="rms", n_curves=7, source="leave-one-out")
+    def ranking_scale(self, stop_fraction: float, kind: str, controls: Any = ()) -> tuple[float, str]:
+        self.kinds.append(kind)
+        return self.scale[min(self.scale, key=lambda f: abs(f - stop_fraction))], f"{kind} sweeps (test table)"
 
 
-# Asserts: the default calibrated margin keeps every trial within e(s) of the predicted best
-# at each rung (besides the rule's survivors), stops the rest, and the early answer states it.
-def test_calibrated_margin_keeps_trials_within_the_measured_error():
+# Asserts: the default calibrated margin keeps every trial within z·σ (the ranking scale at
+# the rung) of the predicted best besides the rule's survivors, stops the rest, and the early
+# answer states the margin and the probability that its pick is the best.
+def test_calibrated_margin_keeps_trials_within_the_ranking_scale():
     answers: list[dict] = []
-    s = sched(rungs=(0.1, 0.2), predictor=CalibratedFakePredictor({0.1: 0.05, 0.2: 0.015}),
+    s = sched(rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.015}),
               on_early_answer=answers.append)
     trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5), stub("c", final=1.04, tau=0.5),
               stub("d", final=1.30, tau=0.5), stub("e", final=1.40, tau=0.5)]
     FakeController(s, trials).run(workers=2)
     # rung 0.1: top ⌈5/2⌉ = a, b, c; nothing else within 5% of a.
     assert s.state.rungs[0].survivors == ["a", "b", "c"]
-    assert s.state.rungs[0].margin_relative == pytest.approx(0.05)
-    # rung 0.2 (last): b is 1% worse, within 1.5% → kept; c (4% worse) stopped.
+    assert s.state.rungs[0].margin == pytest.approx(0.05)
+    # rung 0.2 (last): b is 1% worse, within 1.5% → kept; c (3.9% in log) stopped.
     assert s.state.rungs[1].survivors == ["a", "b"]
-    assert "calibrated margin 1.50%" in s.state.rungs[1].entries["b"].reason
+    assert "within the margin 1.50%" in s.state.rungs[1].entries["b"].reason
     assert outcome(s)["c"] == ("stopped", 0.2)
     answer = answers[0]
     assert answer["trial_id"] == "a" and answer["margin"] == pytest.approx(0.015)
-    assert answer["margin_kind"] == "relative" and "1.50%" in answer["margin_text"]
-    assert "leave-one-out" in answer["margin_text"]
+    assert "ranking scale 1.50%" in answer["margin_text"] and "test table" in answer["margin_text"]
+    # a vs b is 1% apart under a pair scale of 1.5%: a is likelier the best, but far from sure
+    assert 0.5 < answer["probability_best"] < 0.85
     assert s.state.settings["margin"] == "calibrated"
 
 
-# Asserts: a rung whose calibrated error exceeds the spread of the predicted finals keeps
-# everyone and says so, at an intermediate rung too.
-def test_calibrated_margin_keeps_everyone_when_error_exceeds_spread():
-    s = sched(rungs=(0.1, 0.2), predictor=CalibratedFakePredictor({0.1: 0.05, 0.2: 0.001}))
+# Asserts: a rung whose margin exceeds the spread of the predicted finals keeps everyone and
+# says so, at an intermediate rung too.
+def test_calibrated_margin_keeps_everyone_when_it_exceeds_the_spread():
+    s = sched(rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.001}))
     trials = [stub(t, final=f, tau=0.5) for t, f in (("a", 1.00), ("b", 1.02), ("c", 1.03), ("d", 1.04))]
     FakeController(s, trials).run(workers=2)
     first = s.state.rungs[0]
@@ -422,58 +417,78 @@ def test_calibrated_margin_keeps_everyone_when_error_exceeds_spread():
     assert s.state.rungs[1].survivors == ["a"] and not s.state.rungs[1].kept_all
 
 
-# Asserts: margin_scale scales the calibrated margin (0 turns it off); a predictor without a
-# calibrated error gives margin 0; a bad margin word is refused.
-def test_calibrated_margin_scale_and_uncalibrated_predictor():
+# Asserts: margin_z scales the calibrated margin (0 turns it off); a predictor that states no
+# ranking error gives margin 0; a bad margin word is refused.
+def test_margin_z_and_a_predictor_without_ranking_error():
     trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]
-    s = sched(rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}), margin_scale=0.0)
+    s = sched(rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}), margin_z=0.0)
     FakeController(s, trials).run(workers=2)
     assert s.state.rungs[0].survivors == ["a"]
-    s = sched(rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}), margin_scale=0.4)
+    s = sched(rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}), margin_z=0.4)
     FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]).run(workers=2)
-    assert s.state.rungs[0].survivors == ["a"]  # 1% > 0.4·2% = 0.8%
+    assert s.state.rungs[0].survivors == ["a"]  # 0.995% > 0.4·2% = 0.8%
     s = sched(rungs=(0.1,), predictor=FakePredictor())
-    assert s.state.rungs[0].margin_relative == 0.0
+    FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.001, tau=0.5)]).run(workers=2)
+    assert s.state.rungs[0].margin == 0.0 and s.state.rungs[0].survivors == ["a"]
     with pytest.raises(ValueError, match="margin"):
         CollapseScheduler(predictor=FakePredictor(), margin="wide")
 
 
-class CrossScaleFakePredictor(CalibratedFakePredictor):
-    """A calibrated fake that also states a cross-scale error, for runs away from ``calibrated_tpp``
-    (scale judged by the real ``Predictor.relative_error``)."""
+# Asserts: the margin comes from the kind of sweep the trials form, read from their configs
+# (η varies at one τ: "eta_fixed_tau"; B varies at one λ: "batch_fixed_lambda").
+@pytest.mark.parametrize("configs, kind", [
+    ([{"lr": 0.01, "batch_size": 2048}, {"lr": 0.02, "batch_size": 2048}], "eta_fixed_tau"),
+    ([{"lr": 0.01, "batch_size": 1024, "weight_decay": 0.1}, {"lr": 0.01, "batch_size": 2048, "weight_decay": 0.1}],
+     "batch_fixed_lambda"),
+])
+def test_margin_follows_the_kind_of_sweep(configs, kind):
+    predictor = RankedFakePredictor({0.1: 0.02})
+    s = sched(rungs=(0.1,), predictor=predictor)
+    taus = [0.5, 0.5] if kind == "eta_fixed_tau" else [0.25, 0.5]
+    trials = [stub(f"x{i}", final=1.0 + 0.1 * i, tau=tau, **cfg) for i, (cfg, tau) in enumerate(zip(configs, taus))]
+    FakeController(s, trials).run(workers=2)
+    assert s.state.rungs[0].kind == kind
+    assert kind in predictor.kinds and kind in s.state.rungs[0].margin_source
 
-    def __init__(self, rel_error: float, cross_scale: float, calibrated_tpp: float, **kw: Any) -> None:
-        super().__init__({0.1: rel_error}, **kw)
+
+class CrossScaleFakePredictor(FakePredictor):
+    """A fake whose ranking scale comes from a real ``Predictor`` calibrated at ``calibrated_tpp``
+    with an in-scale and a cross-scale ranking error (scale judged by ``Predictor.scale_check``)."""
+
+    def __init__(self, in_scale: float, cross_scale: float, calibrated_tpp: float, **kw: Any) -> None:
+        super().__init__(**kw)
         from predictors import Predictor, SurrogateParams
-        from predictors.predictor import DecisionError
+        from predictors.ranking import KindError, RankingError
 
-        self.decision_error = DecisionError((0.1,), (rel_error,), "rms", 7, "leave-one-out", None,
-                                            (cross_scale,), "leave-one-TPP-out (3 groups)")
-        self._real = Predictor(SurrogateParams(0.1, 0.0, 1.0, 0.0), decision_error=self.decision_error,
-                               provenance={"tokens_per_param": [calibrated_tpp]})
+        def table(v: float) -> dict:
+            return {"eta_fixed_tau": KindError((0.1,), (v,), (v,), (10,), (2,))}
 
-    def relative_error(self, stop_fraction: float, controls: Any) -> tuple[float, str]:
-        return self._real.relative_error(stop_fraction, controls)
+        self._real = Predictor(SurrogateParams(0.1, 0.0, 1.0, 0.0), provenance={"tokens_per_param": [calibrated_tpp]},
+                               ranking_error=RankingError(table(in_scale), table(cross_scale),
+                                                          "leave-one-sweep-out", "leave-one-TPP-out (3 groups)"))
+
+    def ranking_scale(self, stop_fraction: float, kind: str, controls: Any = ()) -> tuple[float, str]:
+        return self._real.ranking_scale(stop_fraction, kind, controls)
 
 
-# Asserts: trials at a TPP the predictor was not calibrated on get the cross-scale error as
-# their keep-margin (a 4% gap is kept under a 6% cross-scale error, stopped under the 2%
-# in-scale one), and the margin says where it came from. The trials run at TPP 20.
+# Asserts: trials at a TPP the predictor was not calibrated on get the cross-scale ranking
+# scale (a 4% gap is kept under 6%, stopped under the 2% in-scale one), and the margin says
+# where it came from. The trials run at TPP 20.
 @pytest.mark.parametrize("calibrated_tpp, kept", [(20.0, ["a"]), (80.0, ["a", "b"])])
 def test_calibrated_margin_widens_for_trials_off_the_calibrated_scale(calibrated_tpp, kept):
     answers: list[dict] = []
     s = sched(rungs=(0.1,), predictor=CrossScaleFakePredictor(0.02, 0.06, calibrated_tpp),
               on_early_answer=answers.append)
-    FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.04, tau=0.5)]).run(workers=2)
+    FakeController(s, [stub("a", final=1.00, tau=0.5, lr=0.01), stub("b", final=1.04, tau=0.5, lr=0.02)]).run(workers=2)
     assert s.state.rungs[0].survivors == kept
     widened = calibrated_tpp != 20.0
-    assert s.state.rungs[0].margin_relative == pytest.approx(0.06 if widened else 0.02)
+    assert s.state.rungs[0].margin == pytest.approx(0.06 if widened else 0.02)
     assert ("leave-one-TPP-out" in answers[0]["margin_text"]) == widened
 
 
-# Asserts: in async mode the calibrated margin keeps a late arrival within e(s) of the best recorded.
+# Asserts: in async mode the calibrated margin keeps a late arrival within z·σ of the best recorded.
 def test_async_calibrated_margin():
-    s = sched(decision_mode="async", rungs=(0.1,), predictor=CalibratedFakePredictor({0.1: 0.02}))
+    s = sched(decision_mode="async", rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}))
     trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.015, tau=0.5), stub("c", final=1.05, tau=0.5)]
     FakeController(s, trials).run(workers=1)
     assert outcome(s)["b"] == ("completed", None) and outcome(s)["c"] == ("stopped", 0.1)
@@ -771,10 +786,10 @@ def test_async_mode_exact_stops():
 
 # Asserts: async at the last rung stops an arrival worse than the best recorded by more than the margin.
 def test_async_last_rung_margin():
-    s = sched(decision_mode="async", rungs=(0.1,), margin=1.0, predictor=FakePredictor(sigma=0.01))
+    s = sched(decision_mode="async", rungs=(0.1,), margin=0.014)
     trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.01, tau=0.5), stub("c", final=1.05, tau=0.5)]
     FakeController(s, trials).run(workers=1)
-    # 1·sqrt(2)·0.01 ≈ 0.014: b (0.01 worse) continues, c (0.05 worse) stops
+    # b (0.995% worse) continues, c (4.9% worse) stops
     assert outcome(s) == {"a": ("completed", None), "b": ("completed", None), "c": ("stopped", 0.1)}
 
 
@@ -799,28 +814,59 @@ def test_audit_records_would_stop_only():
 # ---------------------------------------------------------------------------- API
 
 
-# Asserts: set_search_properties accepts matching or missing values and refuses conflicting ones.
-def test_set_search_properties():
+# Asserts: metric and mode default to None (TuneConfig sets them, as with Ray's schedulers);
+# conflicting values are refused; mode="max" is refused with a message (losses are minimised).
+def test_set_search_properties_and_mode():
     s = CollapseScheduler(predictor=FakePredictor())
-    assert s.set_search_properties("loss", "min") is True
-    assert s.set_search_properties("val_loss", None) is False
-    assert s.set_search_properties(None, "max") is False
-    s2 = CollapseScheduler(predictor=FakePredictor(), metric=None, mode=None)
     with pytest.raises(ValueError, match="metric"):
-        s2.on_trial_add(None, stub("a"))
-    assert s2.set_search_properties("val_loss", "max") is True
-    assert s2.metric == "val_loss" and s2.mode == "max"
+        s.on_trial_add(None, stub("a"))
+    assert s.set_search_properties("loss", "min") is True and s.metric == "loss" and s.mode == "min"
+    assert s.set_search_properties("val_loss", None) is False
+    s2 = CollapseScheduler(predictor=FakePredictor(), metric="loss", mode="min")
+    assert s2.set_search_properties("loss", "min") is True
+    with pytest.raises(ValueError, match="max"):
+        CollapseScheduler(predictor=FakePredictor(), mode="max")
+    with pytest.raises(ValueError, match="max"):
+        CollapseScheduler(predictor=FakePredictor()).set_search_properties("loss", "max")
     with pytest.raises(ValueError):
         CollapseScheduler(predictor=FakePredictor(), decision_mode="fast")
     with pytest.raises(ValueError):
         CollapseScheduler(predictor=FakePredictor(), rungs=(0.3, 0.2))
 
 
-# Asserts: mode="max" ranks the highest predicted metric best.
-def test_mode_max():
-    s = sched(mode="max", rungs=(0.1,))
-    FakeController(s, [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)]).run(workers=2)
-    assert s.state.rungs[0].survivors == ["b"]
+# Asserts: results that break the report contract stop the sweep with a message naming the
+# problem: a missing training fraction, one outside [0, 1] (an iteration count), a result for a
+# trial never added.
+def test_contract_violations_are_errors():
+    from hpo.scheduler import SchedulerContractError
+
+    s = sched()
+    a = stub("a", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a])
+    ctl.start(a)
+    bad = make_result(1.0, 0.5, 0.05)
+    del bad["train_fraction"]
+    with pytest.raises(SchedulerContractError, match="train_fraction"):
+        s.on_trial_result(ctl, a, bad)
+    with pytest.raises(SchedulerContractError, match="outside \\[0, 1\\]"):
+        s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.05) | {"train_fraction": 12.0})
+    with pytest.raises(SchedulerContractError, match="never added"):
+        s.on_trial_result(ctl, stub("ghost", final=1.0, tau=0.5), make_result(1.0, 0.5, 0.05))
+
+
+# Asserts: controls missing from the results are read from the trial's config; a trial whose
+# first report is its last (t̂ = 1) is never paused (it would run twice).
+def test_controls_from_config_and_no_pause_at_the_end():
+    s = sched(rungs=(0.1,))
+    trials = [stub("a", final=1.0, tau=0.5, tokens_per_param=20.0), stub("b", final=1.2, tau=0.5)]
+    ctl = FakeController(s, trials)
+    a, b = trials
+    for t in trials:
+        ctl.start(t)
+    plain = {k: v for k, v in make_result(1.0, 0.5, 0.05).items() if k not in ("tau", "tokens_per_param")}
+    s.on_trial_result(ctl, a, plain)
+    assert s.state.trials["a"].controls["tau"] == 0.5
+    assert s.on_trial_result(ctl, b, make_result(1.2, 0.5, 1.0)) == CONTINUE  # at t̂ = 1: no PAUSE
 
 
 # Asserts: summary() and debug_string() report per-trial progress, rungs and bests.

@@ -108,11 +108,12 @@ def test_non_mapping_yaml_rejected(tmp_path: Path) -> None:
 
 
 def test_margin_defaults_to_calibrated_and_bad_margins_name_the_field() -> None:
-    # The keep-margin defaults to the predictor's calibrated error; σ numbers and per-rung
-    # mappings still work; a negative number, an unknown word or a non-rung key is refused.
+    # The keep-margin defaults to the predictor's calibrated ranking error; a fixed log margin
+    # works; a negative number, an unknown word or a mapping is refused in one line naming the
+    # field, as is a negative margin_z.
     assert load_sweep_config(data=BASE).scheduler.margin == "calibrated"
-    assert load_sweep_config(data=BASE, overrides=("scheduler.margin=1.5",)).scheduler.margin == 1.5
-    assert "scheduler.margin" in _error(BASE, "scheduler.margin=-1")
-    assert "scheduler.margin" in _error(BASE, "scheduler.margin=wide")
-    assert "0.25" in _error(BASE, "scheduler.margin={0.25: 1.0}")
-    assert "scheduler.margin_scale" in _error(BASE, "scheduler.margin_scale=-2")
+    assert load_sweep_config(data=BASE, overrides=("scheduler.margin=0.02",)).scheduler.margin == 0.02
+    for bad in ("scheduler.margin=-1", "scheduler.margin=wide", "scheduler.margin={0.25: 1.0}"):
+        message = _error(BASE, bad)
+        assert "scheduler.margin" in message and "\n" not in message.strip()
+    assert "scheduler.margin_z" in _error(BASE, "scheduler.margin_z=-2")
