@@ -12,10 +12,11 @@ its regret is the final loss of the pick minus the best final loss of that repli
 * ``predicted-best (m = 0.05)``: the same with the paper's fixed m, refit here from the
   calibration bank of ``--calibration`` (same t_min, ``fit_m=False``; refit on every run so
   nothing cached can go stale);
-* ``keep-set (m fitted, e(s))``: every trial whose predicted final (m fitted) is
-  ≤ best predicted·(1 + e(s)), e(s) = the predictor's calibrated decision error at s: what a
-  calibrated keep-margin would keep. All kept trials are finished and the best is chosen, so its
-  regret is 0 exactly when the set holds the true best; its size is reported too.
+* ``keep-set (ranking margin)``: the trials the scheduler's keep rule keeps at a last rung at
+  s (``hpo.rules.keep_rule`` with the default calibrated margin, z·σ of the predictor's ranking
+  scale for the sweep's kind: :func:`keep_set`, the same call ``CollapseScheduler`` makes).
+  All kept trials are finished and the best is chosen, so its regret is 0 exactly when the set
+  holds the true best; its size is reported too.
 
 Why: the audit sweeps were run to the end for every trial, so the regret of any early rule is
 exact; three replicate seeds give the seed band, below which a regret difference is noise.
@@ -60,18 +61,20 @@ from hpo import held_out  # noqa: E402
 from hpo.calibrate import CalibrationConfig, SweepRun, load_calibration_config  # noqa: E402
 from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.overrides import ConfigError  # noqa: E402
-from hpo.replay import EPS, current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
-from hpo.scheduler import DEFAULT_MIN_POINTS, predict_at_rung  # noqa: E402
-from hpo.scheduler_state import json_safe  # noqa: E402
+from hpo import rules  # noqa: E402
+from hpo.tables import markdown_table as md_table  # noqa: E402
+from hpo.replay import current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
+from predictors.curves import rung_cut  # noqa: E402
+from predictors.io import json_safe  # noqa: E402
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 CURRENT = "current-best"
 PRED_FITTED = "predicted-best (m fitted)"
 PRED_PAPER = "predicted-best (m = 0.05)"
-KEEP = "keep-set (m fitted, e(s))"
+KEEP = "keep-set (ranking margin)"
 #: CollapseScheduler's default ``min_points`` (points up to the rung needed to predict).
-MIN_POINTS = DEFAULT_MIN_POINTS
+MIN_POINTS = rules.DEFAULT_MIN_POINTS
 #: A completed curve must reach this t̂ to count as complete (predictors.fit.FINAL_TOL).
 COMPLETE_T = 0.99
 
@@ -104,6 +107,7 @@ class RunView:
     controls: dict[str, Any]  # Controls.from_mapping(result).to_dict(), as the scheduler stores
     final: float  # last smoothed loss; inf for a diverged run
     status: str
+    sweep_values: dict[str, Any] = field(default_factory=dict)  # hpo.rules.sweep_values of a result
 
 
 def run_views(frame: pd.DataFrame, run_ids: Sequence[str]) -> dict[str, RunView]:
@@ -115,7 +119,8 @@ def run_views(frame: pd.DataFrame, run_ids: Sequence[str]) -> dict[str, RunView]
         history = [(p["train_fraction"], p["loss"]) for p in points
                    if math.isfinite(p["loss"]) and not p["diverged"]]
         final = finals.get(run_id, math.inf) if status == "completed" else math.inf
-        views[run_id] = RunView(run_id, history, Controls.from_mapping(points[0]).to_dict(), final, status)
+        views[run_id] = RunView(run_id, history, Controls.from_mapping(points[0]).to_dict(), final, status,
+                                rules.sweep_values(points[0]))
     return views
 
 
@@ -140,18 +145,37 @@ def bank_state(frame: pd.DataFrame, trials: Sequence[Trial]) -> dict[str, str]:
 def predict_final_at(predictor: Predictor, history: Sequence[tuple[float, float]], controls: Mapping[str, Any],
                      upto: float, min_points: int = MIN_POINTS) -> Optional[float]:
     """The final loss the scheduler would predict for this trial at rung ``upto``
-    (``hpo.scheduler.predict_at_rung``, the function ``CollapseScheduler`` itself uses);
+    (``hpo.rules.predict_at_rung``, the function ``CollapseScheduler`` itself uses);
     None where the scheduler would have no prediction."""
-    return predict_at_rung(predictor, history, controls, upto, min_points)[0]
+    t, y = zip(*history)
+    return rules.predict_at_rung(predictor, t, y, controls, upto, min_points).final_loss
+
+
+def keep_set(predictor: Predictor, views: Mapping[str, RunView], candidates: Sequence[str], s: float,
+             margin_z: float = rules.DEFAULT_MARGIN_Z) -> rules.KeepDecision:
+    """What ``CollapseScheduler``'s keep rule keeps of ``candidates`` at a last rung at ``s``
+    with the calibrated margin (the same ``hpo.rules`` calls: prediction, kind, margin, rule)."""
+    cands = []
+    for r in candidates:
+        t, y = zip(*views[r].history)
+        p = rules.predict_at_rung(predictor, t, y, views[r].controls, s, MIN_POINTS)
+        cands.append(rules.Candidate(r, p.final_loss, p.loss, p.uncertainty))
+    kind = rules.sweep_kind([views[r].sweep_values for r in candidates])
+    controls = [Controls.from_mapping(views[r].controls) for r in candidates]
+    margin, words = rules.ranking_margin(predictor, s, kind, controls, margin_z)
+    return rules.keep_rule(cands, last=True, reduction_factor=2, margin=margin, margin_words=words)
 
 
 def reaches(view: RunView, fraction: float) -> bool:
     """Whether the run has a finite point at t̂ ≥ fraction (one that diverged earlier was never judged there)."""
-    return bool(view.history) and view.history[-1][0] >= fraction - EPS
+    return bool(view.history) and rung_cut([t for t, _ in view.history], fraction) is not None
 
 
 def t_at(view: RunView, fraction: float) -> float:
-    return next(t for t, _ in view.history if t >= fraction - EPS)
+    """The t̂ of the rung point of ``fraction`` (``predictors.curves.rung_cut``)."""
+    n = rung_cut([t for t, _ in view.history], fraction)
+    assert n is not None
+    return float(view.history[n - 1][0])
 
 
 def fit_paper_predictor(calibration_path: str) -> tuple[Predictor, dict[str, Any]]:
@@ -303,7 +327,7 @@ def score_replicate(sweep: str, seed: int, trials: Sequence[Trial], frame: pd.Da
                        for r in finals if r not in seen_t})
 
         def compute_of(finished: Sequence[str]) -> float:
-            return (sum(seen_t.values()) + sum(1.0 - seen_t[r] for r in finished)) / len(finals)
+            return rules.compute_fraction({r: (1.0 if r in finished else t) for r, t in seen_t.items()})
 
         # Every completed run reaches s, so the best over candidates is the replicate's best.
         outcome = current_best_at(frame, candidates, s, sweep=sweep, noise=band, finals=finals)
@@ -320,19 +344,13 @@ def score_replicate(sweep: str, seed: int, trials: Sequence[Trial], frame: pd.Da
             cases.append(case(rule, s, outcome, note="; ".join(
                 x for x in (note, f"{no_pred} without prediction" if no_pred else "") if x)))
 
-        # Keep-set: what a calibrated keep-margin keeps (a trial without a prediction is kept,
-        # as the scheduler fails open); finish them all and take the best final.
-        preds = predicted.get(PRED_FITTED) or {
-            r: predict_final_at(keep_predictor, views[r].history, views[r].controls, s) for r in candidates}
-        table = keep_predictor.decision_error
-        e = table.at(s) if table is not None else 0.0
-        valid = [p for p in preds.values() if p is not None]
-        threshold = min(valid) * (1.0 + e) if valid else math.inf
-        kept = [r for r in candidates if preds[r] is None or preds[r] <= threshold]
+        # Keep-set: what the scheduler's keep rule keeps at a last rung at s (a trial without a
+        # prediction is kept, as the scheduler fails open); finish them all, take the best final.
+        decision = keep_set(keep_predictor, views, candidates, s)
+        kept = list(decision.kept)
         pick = min(kept, key=lambda r: (finals[r], r)) if kept else None
         outcome = score_pick(sweep, f"keep@{s:g}", pick, finals, compute_of(kept), band)
-        cases.append(case(KEEP, s, outcome, keep_size=len(kept), best_in_keep=best_run in kept,
-                          note=note if table is not None else "uncalibrated predictor: e(s) = 0"))
+        cases.append(case(KEEP, s, outcome, keep_size=len(kept), best_in_keep=best_run in kept, note=note))
     return cases
 
 
@@ -342,7 +360,7 @@ def evaluate(frame: pd.DataFrame, trials: Sequence[Trial], predictors: Mapping[s
     missing_why = bank_state(frame, trials)
     scorable = [t for t in trials if t.run_id not in missing_why]
     views = run_views(frame, [t.run_id for t in scorable])
-    rules = [CURRENT, *predictors, KEEP]
+    rule_names = [CURRENT, *predictors, KEEP]
     sweeps: dict[str, SweepReport] = {}
     missing = [{"sweep": t.sweep, "label": t.label, "seed": t.seed, "run_id": t.run_id,
                 "why": missing_why[t.run_id]} for t in trials if t.run_id in missing_why]
@@ -366,15 +384,15 @@ def evaluate(frame: pd.DataFrame, trials: Sequence[Trial], predictors: Mapping[s
             report.cases += score_replicate(name, seed, [t for t in done if t.seed == seed], frame, views,
                                             seed_mean, predictors, keep_predictor, fractions, band)
         report.cells = {rule: {f"{s:g}": summarise([c for c in report.cases if c.rule == rule and c.fraction == s])
-                               for s in fractions} for rule in rules}
+                               for s in fractions} for rule in rule_names}
         report.sentence = sweep_sentence(report, fractions, list(predictors))
         sweeps[name] = report
     all_cases = [c for r in sweeps.values() for c in r.cases]
     overall = {rule: {f"{s:g}": summarise([c for c in all_cases if c.rule == rule and c.fraction == s])
-                      for s in fractions} for rule in rules}
+                      for s in fractions} for rule in rule_names}
     table = keep_predictor.decision_error
     e_of_s = {f"{s:g}": (table.at(s) if table is not None else 0.0) for s in fractions}
-    return AuditReport(list(fractions), rules, sweeps, missing, len({t.run_id for t in trials}), overall, e_of_s)
+    return AuditReport(list(fractions), rule_names, sweeps, missing, len({t.run_id for t in trials}), overall, e_of_s)
 
 
 def audit_coverage(frame: pd.DataFrame, trials: Sequence[Trial], predictor: Predictor,
@@ -432,14 +450,6 @@ def _fmt(value: Optional[float], digits: int = 4) -> str:
     if math.isinf(value):
         return "∞ (diverged)"
     return f"{value:.{digits}f}"
-
-
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    cells = [list(headers)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-                      *(line(r) for r in cells[1:])])
 
 
 def cell_text(cell: Cell, rule: str) -> str:

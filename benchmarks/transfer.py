@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from hpo import held_out  # noqa: E402
 from hpo.curve_bank import bank_curves, load_bank  # noqa: E402
-from hpo.scheduler import predict_at_rung  # noqa: E402
+from hpo import rules  # noqa: E402
 from hpo.scheduler_state import json_safe  # noqa: E402
 from predictors import Curve, Predictor, score_curves  # noqa: E402
 from predictors.predictor import DECISION_FRACTIONS  # noqa: E402
@@ -116,14 +116,15 @@ def configured_run_ids(config_path: Path) -> tuple[set[str], Path]:
 
 def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> float:
     """(predicted − true)/true final loss at rung ``stop_fraction``, predicted exactly as the
-    scheduler does (``hpo.scheduler.predict_at_rung`` on the curve's (t̂, smoothed loss) points).
+    scheduler does (``hpo.rules.predict_at_rung`` on the curve's (t̂, smoothed loss) points).
 
     NaN where the scheduler would have no prediction: too few points, or the predictor failed
     (the scheduler keeps such a trial rather than raising).
     """
     controls = curve.controls.to_dict()  # what the scheduler stores for a trial (n_params included)
     history = zip(curve.t_hat.tolist(), curve.loss.tolist())
-    final = predict_at_rung(predictor, history, controls, stop_fraction)[0]
+    t, y = zip(*history)
+    final = rules.predict_at_rung(predictor, t, y, controls, stop_fraction).final_loss
     return math.nan if final is None else final / curve.final_loss - 1.0
 
 

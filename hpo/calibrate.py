@@ -43,6 +43,9 @@ class FitSettings(BaseModel):
     cross_scale_error: bool = True
     # Fit the irreducible loss L̂ of Eq. 1 (ℓ = (L − L̂)/(L(1) − L̂)); the paper's L̂ = 0 otherwise.
     irreducible_loss: bool = False
+    # Measure how reliably the predictor orders the trials of one sweep, per kind of sweep
+    # (leave-one-sweep-out; across scales too): what the scheduler's calibrated margin uses.
+    ranking_error: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +300,16 @@ def fit_and_report(
         results[fit_m] = result
     chosen_mode = _choose_mode(results, settings.fit_m)
     chosen = results[chosen_mode]
+    ranking = None
+    if settings.held_out_error and settings.ranking_error and len(curves) >= 4:
+        fit_kwargs = {"t_min": settings.t_min, "fit_m": chosen_mode, "fit_irreducible": settings.irreducible_loss}
+        ranking = held_out.ranking_error_table(curves, fit_kwargs=fit_kwargs,
+                                               cross=held[chosen_mode].get("cross", []), progress=_progress)
+        chosen = dataclasses.replace(chosen, predictor=dataclasses.replace(chosen.predictor, ranking_error=ranking))
+        results[chosen_mode] = chosen
+        if ranking is None:
+            notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
+                         "only one of η, B, λ at one TPP, size and seed)")
     predictor_path.parent.mkdir(parents=True, exist_ok=True)
     chosen.predictor.save(predictor_path)
     summary = _calibration_summary(curves, results, chosen_mode, held, notes)
@@ -307,6 +320,10 @@ def fit_and_report(
     summary["predictor"] = str(predictor_path)
     summary["report_dir"] = str(out)
     return summary
+
+
+def _progress(message: str) -> None:
+    print(f"  {message}", flush=True)
 
 
 def complete_curves(curves: list) -> tuple[list, list[str]]:
@@ -406,6 +423,8 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
             "cross_scale_by_scheme": cross,
             "coverage": _coverage(held.get(fit_m, {}), table),
             "fit_notes": list(result.notes),
+            "ranking_error": (None if result.predictor.ranking_error is None
+                              else result.predictor.ranking_error.to_dict()),
         }
     return {
         "n_curves": len(curves),
@@ -445,6 +464,7 @@ def _write_markdown(path: Path, summary: dict[str, Any]) -> None:
                 for s_, cov in by_s.items():
                     lines.append(f"| {mode} | {scheme} | {label} | {s_} | {_pct(cov.get('1σ'))} | "
                                  f"{_pct(cov.get('2σ'))} |")
+    lines += _ranking_markdown(summary)
     notes = summary.get("notes", []) + [n for info in summary["modes"].values() for n in info.get("fit_notes", [])]
     if notes:
         lines += ["", "## Fit log", ""] + [f"- {n}" for n in dict.fromkeys(notes)]
@@ -455,6 +475,35 @@ def _write_markdown(path: Path, summary: dict[str, Any]) -> None:
     for tau, row in summary["by_tau"].items():
         lines.append(f"| {tau} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
     path.write_text("\n".join(lines) + "\n")
+
+
+def _ranking_markdown(summary: dict[str, Any]) -> list[str]:
+    """The ranking-error section of calibration.md (predictors.ranking)."""
+    from hpo.tables import markdown_table
+    from predictors.ranking import SWEEP_KINDS
+
+    lines: list[str] = []
+    for mode, info in summary["modes"].items():
+        table = info.get("ranking_error")
+        if not table:
+            continue
+        lines += ["", f"## Ranking error ({mode})", "",
+                  "How reliably the predictor orders the trials of one sweep: for pairs of one sweep, the RMS of "
+                  "log(P_i/P_j) − log(F_i/F_j), and the ranking scale σ of P(order right) = Φ(|log(P_i/P_j)|/σ) "
+                  "at its upper bound (what the scheduler's margin uses; 100% = no evidence of any order). "
+                  f"In-scale: {table['source']}; across scales: {table.get('cross_scale_source') or 'not measured'}.", ""]
+        rows = []
+        for which, kinds in (("in-scale", table["kinds"]), ("across scales", table.get("cross_scale") or {})):
+            for kind, row in kinds.items():
+                for k, s_ in enumerate(row["stop_fractions"]):
+                    rows.append([SWEEP_KINDS.get(kind, kind), which, f"{s_:g}", row["n_groups"][k], row["n_pairs"][k],
+                                 f"{100 * row['rms'][k]:.2f}%", f"{100 * row['scale'][k]:.2f}%"])
+        lines.append(markdown_table(["kind of sweep", "held out", "s", "sweeps", "pairs", "RMS log-ratio error",
+                                     "ranking scale σ"], rows))
+        missing = [SWEEP_KINDS[k] for k in SWEEP_KINDS if k not in table["kinds"]]
+        if missing:
+            lines += ["", "Not in the bank (the largest measured scale applies to them): " + "; ".join(missing) + "."]
+    return lines
 
 
 def _pct(value: Any) -> str:

@@ -107,6 +107,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             for label, by_s in by_label.items():
                 cells = ", ".join(f"s={s}: {100 * c['2σ']:.0f}%" for s, c in by_s.items())
                 print(f"    ±2σ coverage, {scheme}, {label}: {cells}")
+        for kind, row in ((info.get("ranking_error") or {}).get("kinds") or {}).items():
+            cells = ", ".join(f"s={s:g}: {100 * v:.1f}%" for s, v in zip(row["stop_fractions"], row["scale"]))
+            print(f"    ranking scale, {kind} sweeps ({row['n_pairs'][0]} pairs): {cells}")
     print(f"predictor: {summary['predictor']}\nreport: {summary['report_dir']}")
     return 0
 

@@ -16,14 +16,15 @@ Usage::
 or :func:`replay_sweep`, which does the above and returns the t̂ each trial reached.
 
 The pure scoring logic (no Ray) lives here too, so tests and the benchmark
-(``benchmarks/schedulers.py``) share it:
+(``benchmarks/decisions.py``) share it:
 
 * :func:`bank_sweeps` groups run ids into sweeps (by the ``sweep`` column and optional
   columns such as ``tokens_per_param``);
 * :func:`true_finals` is each run's final loss (the last point of its curve);
 * :func:`seed_noise` is the seed-to-seed std of the final loss where a configuration was run
   with several seeds;
-* :func:`current_best_at` is the "current best at fraction f" rule (paper §4.3), and
+* :func:`current_best_at` is the "current best at fraction f" rule (paper §5, "Results:
+  tuning"), and
   :func:`outcome_from_reached` scores a scheduler from the t̂ its trials reached.
 
 Conventions (the same for every method, so they compare):
@@ -55,13 +56,11 @@ import numpy as np
 import pandas as pd
 from ray import tune
 
+from hpo import rules
 from hpo.curve_bank import load_bank
+from predictors.curves import rung_cut
 from predictors.smoothing import final_loss
 
-#: Tolerance when comparing a t̂ with a decision fraction (t̂ = tokens/D is not exact in floats).
-EPS = 1e-9
-#: A trial counts as finished when it reached at least this t̂.
-FINISHED = 1.0 - 1e-6
 #: Keys every replayed result carries (the contract of docs/design.md plus our trainer's extras).
 REPORT_KEYS = (
     "loss", "train_fraction", "tau", "tokens_per_param", "schedule", "warmup_fraction",
@@ -69,8 +68,6 @@ REPORT_KEYS = (
     "data_seed", "step", "tokens", "train_loss", "smoothed_loss", "val_loss", "lr", "diverged",
     "status", "run_id",
 )
-#: Run columns that do *not* identify a configuration (for grouping repeated seeds).
-NON_CONFIG_COLUMNS = ("run_id", "sweep", "seed", "data_seed", "corpus_hash", "status", "config_json")
 #: Run columns that identify a configuration (same values = same configuration, other seed).
 CONFIG_COLUMNS = (
     "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction", "n_params",
@@ -273,13 +270,13 @@ def true_finals(
 def loss_at(
     frame: pd.DataFrame, run_id: str, fraction: float, loss_column: str = "smoothed_loss"
 ) -> tuple[float, float]:
-    """(t̂, loss) at the first replayed point with t̂ ≥ ``fraction`` — what a trial stopped at
-    that fraction has seen (the scheduler reads a rung the same way)."""
+    """(t̂, loss) at the rung point of ``fraction`` (``predictors.curves.rung_cut``: the first
+    replayed point with t̂ ≥ fraction) — what a trial stopped at that fraction has seen."""
     points = run_points(frame, run_id, loss_column)
-    for p in points:
-        if p["train_fraction"] >= fraction - EPS:
-            return float(p["train_fraction"]), float(p["loss"])
-    raise ValueError(f"run {run_id!r} never reaches t̂ = {fraction:g}")
+    n = rung_cut([p["train_fraction"] for p in points], fraction)
+    if n is None:
+        raise ValueError(f"run {run_id!r} never reaches t̂ = {fraction:g}")
+    return float(points[n - 1]["train_fraction"]), float(points[n - 1]["loss"])
 
 
 @dataclass(frozen=True)
@@ -410,8 +407,8 @@ def current_best_at(
     pick = min(seen, key=lambda r: (seen[r][1], r))
     reached = {r: t for r, (t, _) in seen.items()}
     reached[pick] = 1.0
-    compute = sum(reached.values()) / len(reached)
-    return score_pick(sweep, f"current-best@{fraction:g}", pick, sweep_finals, compute, noise, reached)
+    return score_pick(sweep, f"current-best@{fraction:g}", pick, sweep_finals, rules.compute_fraction(reached),
+                      noise, reached)
 
 
 def outcome_from_reached(
@@ -425,10 +422,9 @@ def outcome_from_reached(
     """Score a scheduler from the t̂ each trial reached: compute = mean t̂; the pick is the
     finished trial (t̂ ≥ 1) with the lowest final loss."""
     sweep_finals = {r: finals[r] for r in reached}
-    done = [r for r, t in reached.items() if t >= FINISHED]
+    done = [r for r, t in reached.items() if rules.is_finished(t)]
     pick = min(sorted(done), key=lambda r: sweep_finals[r]) if done else None
-    compute = sum(min(max(t, 0.0), 1.0) for t in reached.values()) / len(reached)
-    return score_pick(sweep, method, pick, sweep_finals, compute, noise, reached, note)
+    return score_pick(sweep, method, pick, sweep_finals, rules.compute_fraction(reached), noise, reached, note)
 
 
 # ---------------------------------------------------------------------- Ray Tune

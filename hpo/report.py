@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -33,6 +32,8 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from hpo.scheduler_state import RungRecord, SchedulerState, TrialRecord, finite_or_none
+from hpo import rules
+from predictors.curves import rung_cut
 from predictors.smoothing import final_loss as smoothed_final_loss
 
 STATE_FILE = "scheduler_state.json"
@@ -147,9 +148,9 @@ def clean_history(history: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.nd
 
 
 def point_index(t: np.ndarray, fraction: float) -> Optional[int]:
-    """Index of the first point at or past ``fraction`` (the point a rung uses), or None."""
-    i = bisect_left(t.tolist(), fraction - 1e-9)
-    return i if i < len(t) else None
+    """Index of the rung point of ``fraction`` (``predictors.curves.rung_cut``), or None."""
+    n = rung_cut(t, fraction)
+    return None if n is None else n - 1
 
 
 def controls_of(rec: TrialRecord) -> Any:
@@ -215,9 +216,7 @@ def compute_fraction(
         n, d = finite_or_none(rec.n_params), finite_or_none(rec.total_tokens)
         weights[tid] = n * d if n is not None and d is not None and n > 0 and d > 0 else None
     weighted = all(w is not None for w in weights.values())
-    total = sum(weights[t] if weighted else 1.0 for t in trials)
-    used = sum((weights[t] if weighted else 1.0) * min(max(fractions[t], 0.0), 1.0) for t in trials)
-    return (used / total if total > 0 else None), weighted
+    return rules.compute_fraction(fractions, weights), weighted
 
 
 def reached_fraction(rec: TrialRecord) -> float:
@@ -655,8 +654,8 @@ def render_markdown(report: Report, analysis: Optional["_Analysis"] = None) -> s
             by_s.setdefault(r["stop_fraction"], {})[r["rule"]] = r
         lines.append("| s | predicted-best pick | regret | current-best pick | regret |")
         lines.append("|---|---|---|---|---|")
-        for s, rules in by_s.items():
-            pb, cb = rules.get("predicted_best", {}), rules.get("current_best", {})
+        for s, by_rule in by_s.items():
+            pb, cb = by_rule.get("predicted_best", {}), by_rule.get("current_best", {})
             lines.append(f"| {s:g} | {pb.get('trial_id') or '—'} | {_fmt(pb.get('regret'))} | "
                          f"{cb.get('trial_id') or '—'} | {_fmt(cb.get('regret'))} |")
     else:

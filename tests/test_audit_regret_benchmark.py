@@ -1,7 +1,7 @@
 """Tests of ``benchmarks/audit_regret.py`` on a tiny synthetic audit bank (seconds).
 
 ``benchmarks/`` is not a package, so the script is loaded from its file (it puts the repo
-root on ``sys.path`` itself, as ``benchmarks/schedulers.py`` does).
+root on ``sys.path`` itself, as ``benchmarks/decisions.py`` does).
 
 The synthetic sweep: 4 τ values (TPP 20), each curve exactly L·ℓ̂(t̂; τ) of a small fixed
 predictor, logged at t̂ = k/50. Low τ is lower early, so the curves cross:
@@ -76,10 +76,15 @@ MISSING = {"c3", "d3"}
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def bank(tmp_path_factory):
     path = tmp_path_factory.mktemp("audit") / "bank.parquet"
     append_runs(path, [_run(t.run_id[0], t.seed) for t in TRIALS if t.run_id not in MISSING])
-    return audit.evaluate(load_bank(path), TRIALS, {audit.PRED_FITTED: PREDICTOR}, PREDICTOR, (0.1, 0.2))
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(bank):
+    return audit.evaluate(load_bank(bank), TRIALS, {audit.PRED_FITTED: PREDICTOR}, PREDICTOR, (0.1, 0.2))
 
 
 def _case(report, rule: str, s: float, seed: int):
@@ -130,17 +135,27 @@ def test_ties_use_the_seed_band(report):
     assert "as good at s = 0.2" in sweep.sentence
 
 
-# Asserts: the script's prediction is the scheduler's (CollapseScheduler._predict) at every s.
-def test_prediction_mirrors_scheduler(report, tmp_path):
+# Asserts: the benchmark's keep-set at s is exactly what CollapseScheduler keeps at a last rung
+# at s on the same curves (replayed through the simulator), and its predictions are the
+# scheduler's recorded ones.
+@pytest.mark.parametrize("s", [0.1, 0.2])
+def test_keep_set_is_the_schedulers(bank, s):
+    from hpo.replay import run_points
     from hpo.scheduler import CollapseScheduler
-    from hpo.scheduler_state import TrialRecord
+    from hpo.simulator import SimulatedSweep
 
-    history = [(float(t), float(v)) for t, v in zip(T_HAT, 1.7 * PREDICTOR.normalized_curve(T_HAT, Controls(0.4, TPP)))]
-    controls = Controls(0.4, TPP).to_dict()
-    scheduler = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min")
-    rec = TrialRecord(trial_id="t", controls=controls, history=[list(p) for p in history])
-    for s in (0.1, 0.2, 0.3, 0.5):
-        assert audit.predict_final_at(PREDICTOR, history, controls, s) == scheduler._predict(rec, s)[0]
+    frame = load_bank(bank)
+    runs = ["a1", "b1", "c1", "d1"]
+    views = audit.run_views(frame, runs)
+    benchmark = audit.keep_set(PREDICTOR, views, runs, s)
+    scheduler = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min", rungs=(s,))
+    SimulatedSweep(scheduler, {r: run_points(frame, r) for r in runs}).run()
+    rung = scheduler.state.rungs[0]
+    assert sorted(benchmark.kept) == sorted(rung.survivors) and len(benchmark.kept) == 2
+    assert benchmark.margin == pytest.approx(rung.margin)
+    for r in runs:
+        assert audit.predict_final_at(PREDICTOR, views[r].history, views[r].controls, s) == \
+            rung.entries[r].predicted_final_loss
 
 
 # Asserts: a missing config or bank file gives a one-line error naming the file (exit code 2).

@@ -1,5 +1,5 @@
 """Tests of ``hpo.replay``: replaying banked curves through Ray Tune, and the scoring logic
-of ``benchmarks/schedulers.py``.
+of ``benchmarks/decisions.py``.
 
 The synthetic bank: 5 runs of one τ sweep (TPP 20), each curve exactly L·ℓ̂(t̂; τ) of a
 small fixed predictor, reported at t̂ = k/50. Low τ is lower early, so the curves cross:
@@ -24,9 +24,10 @@ import time
 import numpy as np
 import pytest
 
+from hpo import rules
 from hpo.curve_bank import append_runs, curve_frame
 from hpo.replay import (
-    FINISHED,
+
     REPORT_KEYS,
     ReplayTrainable,
     bank_sweeps,
@@ -203,4 +204,15 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     assert keys.n > 0 and keys.missing == set()
     o = outcome_from_reached("syn", "collapse", reached, true_finals(frame), seed_noise(frame, runs).std)
     assert o.pick == "c" and o.picked_best and o.regret == 0.0 and o.tie is True
-    assert o.compute == pytest.approx(0.34) and reached["c"] >= FINISHED
+    assert o.compute == pytest.approx(0.34) and rules.is_finished(reached["c"])
+    # The offline simulator (what the decision benchmark runs) makes the same decisions on the
+    # same curves: same keep set at every rung, same t̂ reached.
+    from hpo.simulator import SimulatedSweep
+
+    offline = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min", rungs=(0.1, 0.2, 0.3),
+                                reduction_factor=2, margin=0.0, decision_mode="sync")
+    simulated = SimulatedSweep(offline, {r: run_points(frame, r) for r in runs}).run()
+    assert simulated.reached == pytest.approx(reached)
+    by_run = {tid: rec.config["run_id"] for tid, rec in state.trials.items()}
+    assert [sorted(by_run[t] for t in rung.survivors) for rung in state.rungs] == \
+        [sorted(rung.survivors) for rung in offline.state.rungs]

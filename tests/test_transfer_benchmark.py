@@ -77,19 +77,19 @@ def test_decision_error_matches_direct_prediction(predictor: Predictor, curves: 
 
 
 def test_decision_error_agrees_with_scheduler(predictor: Predictor, curves: list, rows: list) -> None:
-    """The script cuts the history exactly as ``CollapseScheduler._predict`` does."""
+    """The script predicts exactly as the scheduler's rung entry does (``CollapseScheduler._entry``)."""
     pytest.importorskip("ray")
     from hpo.scheduler import CollapseScheduler
     from hpo.scheduler_state import TrialRecord
 
-    scheduler = CollapseScheduler(predictor=predictor)
+    scheduler = CollapseScheduler(predictor=predictor, rungs=(0.1, 0.3))
     curve, row = curves[1], rows[1]
     rec = TrialRecord(trial_id="t", controls=curve.controls.to_dict(),
                       history=[[float(t), float(y)] for t, y in zip(curve.t_hat, curve.loss)])
-    for s in (0.1, 0.3):
-        final, _, _, why = scheduler._predict(rec, s)
-        assert final is not None, why
-        assert row.decision_error[s] == pytest.approx(final / curve.final_loss - 1.0, abs=1e-12)
+    for r, s in enumerate((0.1, 0.3)):
+        entry = scheduler._entry(rec, r)
+        assert entry.predicted_final_loss is not None, entry.reason
+        assert row.decision_error[s] == pytest.approx(entry.predicted_final_loss / curve.final_loss - 1.0, abs=1e-12)
 
 
 def test_empty_inputs_raise_clear_errors(predictor: Predictor, tmp_path: Path) -> None:

@@ -1,0 +1,439 @@
+"""Decisions that pay: early-stopping methods replayed on held-out sweeps, at equal compute.
+
+What: the held-out decision bank (``configs/calibration/decisions.yaml``: five kinds of sweep —
+η at fixed τ, B at fixed τ, λ at fixed B and η, B at fixed λ, η at fixed λ — at TPP 40 with
+seeds no calibration used, every trial run to the end, three replicates each) is replayed
+through every method, and each method's pick is scored against the true finals:
+
+* ``collapse``: ``CollapseScheduler`` (sync), knobs: the margin z (in units of the
+  predictor's ranking scale), the rung set, the reduction factor. The shipped default
+  (``hpo.sweep_config.SchedulerSettings()``) is marked;
+* ``asha``: Ray's ``ASHAScheduler`` on t̂ (``max_t`` 1), knobs: grace period, reduction factor;
+* ``median``: Ray's ``MedianStoppingRule`` on t̂, knob: grace period;
+* ``hyperband``: Ray's ``HyperBandScheduler`` on t̂ (``max_t`` 1), knob: reduction factor;
+* ``current-best@s``: the lowest smoothed loss at the rung point of s, then only that trial
+  is finished (``hpo.replay.current_best_at``), knob: s.
+
+Every Ray scheduler runs in :class:`hpo.simulator.SimulatedSweep` (Ray's own scheduler code,
+two 1-CPU slots, deterministic arrival order) on the bank's results, exactly as a live sweep
+reports them (``hpo.replay.run_points``); ``tests/test_replay.py`` checks that the simulator
+and a real Ray Tune replay make the same decisions.
+
+Scoring (one definition each, shared with the scheduler: ``hpo.rules``):
+
+* **compute** = Σ t̂ trained / n (1 = the full sweep; the trials of a sweep share N and D);
+* **pick** = the finished trial with the lowest final loss; **regret** = its final − the best
+  final of that replicate (loss units; final loss = ``predictors.smoothing.FINAL_LOSS_DEFINITION``);
+* **seed noise** σ_seed = the pooled std of a configuration's final across the three
+  replicates (init and data order change; within a replicate all trials share the data
+  stream); a pick is "within noise" when its regret ≤ σ_seed;
+* **frontier**: for each method and compute budget c, the lowest mean regret (over the
+  replicates) of any of its settings whose mean compute is ≤ c; the band is the sd of that
+  setting's regret across replicates.
+
+Run::
+
+    python benchmarks/decisions.py [--config configs/calibration/decisions.yaml]
+        [--predictor configs/predictors/default.json] [--out runs/benchmarks/decisions]
+        [--md benchmarks/decisions.md] [--plot benchmarks/decisions.png]
+
+Writes the markdown report and the plot (no timings in either, so a rerun leaves them
+unchanged), and ``decisions.json`` (every replicate × setting) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from hpo import rules  # noqa: E402
+from hpo.calibrate import load_calibration_config  # noqa: E402
+from hpo.curve_bank import load_bank  # noqa: E402
+from hpo.overrides import ConfigError  # noqa: E402
+from hpo.replay import current_best_at, run_points, seed_noise, true_finals  # noqa: E402
+from hpo.tables import markdown_table  # noqa: E402
+from predictors import Predictor  # noqa: E402
+from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
+from predictors.ranking import SWEEP_KINDS  # noqa: E402
+
+BUDGETS = (0.2, 0.3, 0.4)
+#: The families where curves cross (τ varies within the sweep).
+CROSSING = ("batch_fixed_lambda", "lambda", "eta_fixed_lambda")
+METHODS = ("collapse", "asha", "median", "hyperband", "current-best")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One method with one choice of its knobs."""
+
+    method: str
+    label: str
+    make: Optional[Callable[[], Any]] = None  # a fresh scheduler (None: current-best)
+    fraction: Optional[float] = None  # current-best@s
+    default: bool = False
+
+
+@dataclass
+class Row:
+    """One setting on one replicate."""
+
+    family: str
+    seed: int
+    method: str
+    setting: str
+    default: bool
+    compute: float
+    regret: Optional[float]
+    pick: Optional[str]
+    best: str
+    within_noise: Optional[bool]
+    picked_best: bool
+    best_kept: Optional[bool] = None  # collapse: the true best survived every decided rung
+    note: str = ""
+
+
+def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
+    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
+
+    from hpo.scheduler import CollapseScheduler
+    from hpo.sweep_config import SchedulerSettings
+
+    default = SchedulerSettings()
+    out: list[Setting] = []
+    rung_sets = [(0.1,), (0.2,), (0.3,), (0.1, 0.2), (0.2, 0.3), (0.1, 0.2, 0.3)]
+    zs = (0.0, 0.5, 1.0, 2.0, 3.0)
+    rfs = (2.0, 3.0)
+    if quick:
+        rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.margin_z), (default.reduction_factor,)
+    for rungs in rung_sets:
+        for z in zs:
+            for rf in rfs:
+                if len(rungs) == 1 and rf != rfs[0]:
+                    continue  # rf only matters with an intermediate rung
+                is_default = (list(rungs) == list(default.rungs) and z == default.margin_z
+                              and rf == default.reduction_factor and default.margin == "calibrated")
+                out.append(Setting(
+                    "collapse", f"rungs {'/'.join(f'{r:g}' for r in rungs)}, z {z:g}, rf {rf:g}",
+                    lambda rungs=rungs, z=z, rf=rf: CollapseScheduler(
+                        predictor=predictor, metric="loss", mode="min", rungs=rungs, reduction_factor=rf,
+                        margin="calibrated", margin_z=z, decision_mode="sync"),
+                    default=is_default))
+    for grace in ((0.1,) if quick else (0.05, 0.1, 0.2, 0.3)):
+        for rf in ((2,) if quick else (2, 3, 4)):
+            out.append(Setting("asha", f"grace {grace:g}, rf {rf}", lambda g=grace, rf=rf: ASHAScheduler(
+                metric="loss", mode="min", time_attr="train_fraction", max_t=1.0, grace_period=g,
+                reduction_factor=rf)))
+    for grace in ((0.1,) if quick else (0.1, 0.2, 0.3)):
+        out.append(Setting("median", f"grace {grace:g}", lambda g=grace: MedianStoppingRule(
+            metric="loss", mode="min", time_attr="train_fraction", grace_period=g, min_samples_required=3)))
+    for rf in (() if quick else (2, 3)):
+        out.append(Setting("hyperband", f"rf {rf}", lambda rf=rf: HyperBandScheduler(
+            metric="loss", mode="min", time_attr="train_fraction", max_t=1.0, reduction_factor=rf)))
+    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)):
+        out.append(Setting("current-best", f"s {s:g}", fraction=s))
+    return out
+
+
+def replicates(config_path: str) -> tuple[Any, dict[tuple[str, int], list[str]], list[str]]:
+    """The bank, each complete (family, seed) replicate's run ids, and what is missing."""
+    config = load_calibration_config(config_path)
+    bank = Path(config.bank) if Path(config.bank).is_absolute() else REPO_ROOT / config.bank
+    if not bank.exists():
+        raise ConfigError(f"{bank}: no such curve bank (named by {config_path}); train it with "
+                          f"`hpo calibrate {config_path}`")
+    frame = load_bank(bank)
+    finals = true_finals(frame)
+    groups: dict[tuple[str, int], list[str]] = {}
+    for run in config.sweep_runs():
+        groups.setdefault((run.sweep, run.seed), []).append(run.run_id)
+    complete, missing = {}, []
+    for key, ids in groups.items():
+        absent = [r for r in ids if r not in finals]
+        if absent:
+            missing.append(f"{key[0]} seed {key[1]}: {len(absent)} of {len(ids)} runs not banked or not complete")
+        else:
+            complete[key] = sorted(ids)
+    return frame, complete, missing
+
+
+def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[str],
+          points: dict[str, list[dict[str, Any]]], finals: dict[str, float], sigma: Optional[float]) -> Row:
+    from hpo.simulator import SimulatedSweep
+
+    best = min(runs, key=lambda r: (finals[r], r))
+    if setting.fraction is not None:
+        outcome = current_best_at(frame, runs, setting.fraction, finals=finals)
+        reached, note, best_kept = outcome.reached, "", None
+    else:
+        scheduler = setting.make()
+        sim = SimulatedSweep(scheduler, {r: points[r] for r in runs}, n_workers=2)
+        try:
+            result = sim.run()
+        except Exception as exc:  # noqa: BLE001 - a scheduler that cannot run here is reported, not fatal
+            return Row(family, seed, setting.method, setting.label, setting.default, math.nan, None, None, best,
+                       None, False, note=f"{type(exc).__name__}: {exc}")
+        reached, note = result.reached, ""
+        best_kept = None
+        if setting.method == "collapse":
+            best_kept = all(best in rung.survivors for rung in scheduler.state.rungs if rung.decided)
+    done = [r for r in runs if rules.is_finished(reached.get(r, 0.0))]
+    pick = min(done, key=lambda r: (finals[r], r)) if done else None
+    regret = None if pick is None else finals[pick] - finals[best]
+    return Row(family, seed, setting.method, setting.label, setting.default, rules.compute_fraction(reached),
+               regret, pick, best, None if regret is None or sigma is None else regret <= sigma + 1e-12,
+               pick == best, best_kept, note)
+
+
+@dataclass
+class Point:
+    """A setting on one family, over its replicates."""
+
+    method: str
+    setting: str
+    default: bool
+    compute: float
+    regret: float
+    regret_sd: float
+    within: int
+    n: int
+    best_kept: Optional[int] = None
+
+
+def aggregate(rows: Sequence[Row]) -> dict[str, list[Point]]:
+    """family → one Point per setting (settings with a failed replicate are left out)."""
+    out: dict[str, list[Point]] = {}
+    keys = dict.fromkeys((r.family, r.method, r.setting) for r in rows)
+    for family, method, label in keys:
+        mine = [r for r in rows if (r.family, r.method, r.setting) == (family, method, label)]
+        if any(r.regret is None or not math.isfinite(r.compute) for r in mine):
+            continue
+        regrets = np.array([r.regret for r in mine], dtype=float)
+        kept = [r.best_kept for r in mine if r.best_kept is not None]
+        out.setdefault(family, []).append(Point(
+            method, label, mine[0].default, float(np.mean([r.compute for r in mine])), float(regrets.mean()),
+            float(regrets.std(ddof=1)) if len(mine) > 1 else 0.0, sum(bool(r.within_noise) for r in mine), len(mine),
+            sum(kept) if kept else None))
+    return out
+
+
+def frontier(points: Sequence[Point], method: str, budget: float) -> Optional[Point]:
+    """The lowest mean regret among ``method``'s settings with mean compute ≤ ``budget``
+    (ties: less compute)."""
+    mine = [p for p in points if p.method == method and p.compute <= budget + 1e-9]
+    return min(mine, key=lambda p: (p.regret, p.compute)) if mine else None
+
+
+def targets(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, Optional[float]]) -> list[str]:
+    """The issue's targets, each stated as met or missed with its numbers."""
+    lines = []
+    worst = []
+    for family, points in agg.items():
+        sigma = sigmas.get(family) or 0.0
+        for c in BUDGETS:
+            mine = frontier(points, "collapse", c)
+            for other in ("asha", "current-best"):
+                theirs = frontier(points, other, c)
+                if mine is None or theirs is None:
+                    continue
+                gap = mine.regret - theirs.regret
+                if gap > sigma:
+                    worst.append(f"{family} at compute {c:g}: collapse {mine.regret:.4f} vs {other} "
+                                 f"{theirs.regret:.4f} (σ_seed {sigma:.4f})")
+    lines.append(("MET" if not worst else "MISSED") + ": collapse's frontier at or below ASHA's and current-best's "
+                 "within one σ_seed at compute 0.2/0.3/0.4 on every family"
+                 + ("" if not worst else "; beyond it: " + "; ".join(worst)))
+    strictly = []
+    for family in CROSSING:
+        points = agg.get(family, [])
+        below = []
+        for c in BUDGETS:
+            mine = frontier(points, "collapse", c)
+            others = [frontier(points, m, c) for m in ("asha", "current-best")]
+            others = [o for o in others if o is not None]
+            if mine is not None and others and mine.regret < min(o.regret for o in others) - 1e-12:
+                below.append(f"{c:g}")
+        if below:
+            strictly.append(f"{family} (compute {', '.join(below)})")
+    lines.append(("MET" if len(strictly) >= 2 else "MISSED") + ": strictly below both on at least two of the "
+                 f"families where curves cross ({', '.join(CROSSING)}): "
+                 + (", ".join(strictly) if strictly else "none"))
+    default = [r for r in rows if r.default]
+    if default:
+        within = sum(bool(r.within_noise) for r in default)
+        cheap = sum(bool(r.within_noise) and r.compute <= 0.35 + 1e-9 for r in default)
+        mean_compute = float(np.mean([r.compute for r in default]))
+        ok = cheap >= 0.9 * len(default)
+        lines.append(("MET" if ok else "MISSED") + f": the default picks within seed noise on ≥ 90% of replicates "
+                     f"at ≤ 0.35 compute: {cheap}/{len(default)} replicates ({within} within noise at any "
+                     f"compute; mean compute {mean_compute:.2f})")
+        kept = [r for r in default if r.best_kept is not None]
+        n_kept = sum(bool(r.best_kept) for r in kept)
+        lines.append(("MET" if kept and n_kept >= 0.95 * len(kept) else "MISSED")
+                     + f": the true best in the default's keep set at every rung in ≥ 95% of replicates: "
+                     f"{n_kept}/{len(kept)}")
+    return lines
+
+
+def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, Optional[float]],
+           missing: Sequence[str], predictor_path: str, meta: dict[str, Any]) -> str:
+    families = list(agg)
+    lines = ["# Decisions that pay: early stopping at equal compute on held-out sweeps", "",
+             "Generated by `python benchmarks/decisions.py` (see its docstring for every definition). "
+             f"Bank: `{meta['bank']}` — {meta['n_replicates']} replicates (5 kinds of sweep × 3 seeds, "
+             f"{meta['n_runs']} runs, TPP {meta['tpp']}, seeds and TPP not used by any calibration). "
+             f"Predictor: `{predictor_path}`. Final loss: {meta['final_loss']}.", ""]
+    if missing:
+        lines += ["Not scored (incomplete): " + "; ".join(missing), ""]
+    lines += ["## Targets", ""] + [f"- {t}" for t in targets(agg, rows, sigmas)] + [""]
+    lines += ["## Regret at equal compute, read off each method's frontier", "",
+              "Mean regret over the 3 replicates ± sd across them (loss units), at the best setting of the method "
+              "whose mean compute fits the budget; — = no setting that cheap. σ_seed: seed noise of the final loss "
+              "in that family.", ""]
+    header = ["kind of sweep (σ_seed)", "method", *(f"compute ≤ {c:g}" for c in BUDGETS)]
+    body = []
+    for family in families:
+        sigma = sigmas.get(family)
+        for method in METHODS:
+            cells = []
+            for c in BUDGETS:
+                p = frontier(agg[family], method, c)
+                cells.append("—" if p is None else f"{p.regret:.4f} ± {p.regret_sd:.4f} ({p.setting}; {p.compute:.2f})")
+            if all(x == "—" for x in cells):
+                continue
+            body.append([f"{SWEEP_KINDS.get(family, family)} ({sigma:.4f})" if sigma is not None else family,
+                         method, *cells])
+    lines += [markdown_table(header, body), ""]
+    lines += ["## The default configuration", "",
+              "The shipped scheduler settings (`hpo sweep` defaults: sync, rungs 0.1/0.2/0.3, rf 2, calibrated "
+              "margin z = 1) on every replicate.", ""]
+    default_rows = [r for r in rows if r.default]
+    lines.append(markdown_table(
+        ["kind of sweep", "seed", "compute", "pick", "regret", "within σ_seed", "best kept at every rung"],
+        [[SWEEP_KINDS.get(r.family, r.family), r.seed, f"{r.compute:.3f}", r.pick, f"{r.regret:.4f}",
+          r.within_noise, r.best_kept] for r in default_rows]))
+    lines += ["", "## Every setting", "",
+              "Mean over replicates; within = replicates whose regret ≤ σ_seed; kept = replicates whose true best "
+              "survived every decided rung (collapse only).", ""]
+    for family in families:
+        lines += [f"### {SWEEP_KINDS.get(family, family)}", ""]
+        pts = sorted(agg[family], key=lambda p: (p.method, p.compute))
+        lines.append(markdown_table(
+            ["method", "setting", "mean compute", "mean regret", "sd", "within", "kept"],
+            [[p.method + (" (default)" if p.default else ""), p.setting, f"{p.compute:.3f}", f"{p.regret:.4f}",
+              f"{p.regret_sd:.4f}", f"{p.within}/{p.n}", "" if p.best_kept is None else f"{p.best_kept}/{p.n}"]
+             for p in pts]))
+        lines.append("")
+    failed = sorted({f"{r.method} {r.setting}: {r.note}" for r in rows if r.note})
+    if failed:
+        lines += ["## Settings that could not run", ""] + [f"- {f}" for f in failed] + [""]
+    return "\n".join(lines)
+
+
+def plot(agg: dict[str, list[Point]], sigmas: dict[str, Optional[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(agg)
+    fig, axes = plt.subplots(1, len(families), figsize=(3.6 * len(families), 3.8), dpi=110, sharey=False)
+    axes = np.atleast_1d(axes)
+    colours = {"collapse": "tab:blue", "asha": "tab:orange", "median": "tab:green", "hyperband": "tab:purple",
+               "current-best": "tab:red"}
+    grid = np.linspace(0.1, 1.0, 91)
+    for ax, family in zip(axes, families):
+        for method in METHODS:
+            ys, lo, hi, xs = [], [], [], []
+            for c in grid:
+                p = frontier(agg[family], method, c)
+                if p is None:
+                    continue
+                xs.append(c)
+                ys.append(p.regret)
+                lo.append(max(p.regret - p.regret_sd, 0.0))
+                hi.append(p.regret + p.regret_sd)
+            if xs:
+                ax.step(xs, ys, where="post", color=colours[method], label=method, lw=1.6)
+                ax.fill_between(xs, lo, hi, step="post", color=colours[method], alpha=0.12, lw=0)
+        for p in agg[family]:
+            if p.default:
+                ax.plot([p.compute], [p.regret], "o", color="black", ms=6, label="default")
+        sigma = sigmas.get(family)
+        if sigma:
+            ax.axhline(sigma, color="grey", ls=":", lw=1, label="σ_seed")
+        ax.set_title(SWEEP_KINDS.get(family, family), fontsize=9)
+        ax.set_xlabel("compute (fraction of the full sweep)", fontsize=8)
+        ax.set_xlim(0.1, 1.0)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean regret (loss), frontier ± sd", fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=len(unique), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/calibration/decisions.yaml", help="decision-bank calibration YAML")
+    p.add_argument("--predictor", default="configs/predictors/default.json", help="predictor JSON")
+    p.add_argument("--out", default="runs/benchmarks/decisions", help="directory for decisions.json")
+    p.add_argument("--md", default="benchmarks/decisions.md", help="markdown report path")
+    p.add_argument("--plot", default="benchmarks/decisions.png", help="frontier plot path")
+    p.add_argument("--quick", action="store_true", help="a few settings per method (for tests)")
+    p.add_argument("--families", nargs="*", default=[], help="only these kinds of sweep")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    try:
+        predictor = Predictor.load(args.predictor)
+        frame, complete, missing = replicates(args.config)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"decisions: {exc}", file=sys.stderr)
+        return 2
+    if args.families:
+        complete = {k: v for k, v in complete.items() if k[0] in args.families}
+    if not complete:
+        print(f"decisions: no complete replicate in the bank of {args.config}", file=sys.stderr)
+        return 2
+    finals = true_finals(frame)
+    points = {r: run_points(frame, r) for ids in complete.values() for r in ids}
+    families = list(dict.fromkeys(k[0] for k in complete))
+    sigmas = {f: seed_noise(frame, [r for k, ids in complete.items() if k[0] == f for r in ids], finals=finals).std
+              for f in families}
+    rows: list[Row] = []
+    all_settings = settings(predictor, quick=args.quick)
+    for i, (key, runs) in enumerate(sorted(complete.items())):
+        for setting in all_settings:
+            rows.append(score(key[0], key[1], setting, frame, runs, points, finals, sigmas[key[0]]))
+        print(f"  {key[0]} seed {key[1]}: {len(all_settings)} settings [{i + 1}/{len(complete)}, "
+              f"{time.monotonic() - started:.0f} s]", flush=True)
+    agg = aggregate(rows)
+    config = load_calibration_config(args.config)
+    meta = {"bank": config.bank, "n_replicates": len(complete), "n_runs": len(points),
+            "tpp": config.trainer.get("tokens_per_param"),
+            "final_loss": __import__("predictors.smoothing", fromlist=["x"]).FINAL_LOSS_DEFINITION}
+    text = render(agg, rows, sigmas, missing, args.predictor, meta)
+    atomic_write_text(args.md, text + "\n")
+    plot(agg, sigmas, Path(args.plot))
+    atomic_write_json(Path(args.out) / "decisions.json",
+                      {"rows": [asdict(r) for r in rows], "sigma_seed": sigmas, "missing": missing})
+    print("\n".join(targets(agg, rows, sigmas)))
+    print(f"wrote {args.md}, {args.plot}, {Path(args.out) / 'decisions.json'} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
