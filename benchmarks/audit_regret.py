@@ -160,10 +160,9 @@ def keep_set(predictor: Predictor, views: Mapping[str, RunView], candidates: Seq
         t, y = zip(*views[r].history)
         p = rules.predict_at_rung(predictor, t, y, views[r].controls, s, MIN_POINTS)
         cands.append(rules.Candidate(r, p.final_loss, p.loss, p.uncertainty))
-    kind = rules.sweep_kind([views[r].sweep_values for r in candidates])
-    controls = [Controls.from_mapping(views[r].controls) for r in candidates]
-    margin, words = rules.ranking_margin(predictor, s, kind, controls, margin_z)
-    return rules.keep_rule(cands, last=True, reduction_factor=2, margin=margin, margin_words=words)
+    m = rules.rung_margin(predictor, s, [views[r].sweep_values for r in candidates],
+                          [views[r].controls for r in candidates], z=margin_z)
+    return rules.keep_rule(cands, last=True, reduction_factor=2, margin=m.value, margin_words=m.words)
 
 
 def reaches(view: RunView, fraction: float) -> bool:

@@ -9,7 +9,7 @@ calibration and every benchmark apply (no Ray, no torch).
   and the groups of curves that form sweeps of a kind: :func:`kind_groups`.
 * **The keep rule**: :func:`keep_rule` (a whole rung) and :func:`judge_arrival` (one trial
   against the predictions recorded at a rung, as ASHA judges); margins in log units from the
-  predictor's ranking error: :func:`ranking_margin`.
+  predictor's ranking error: :func:`rung_margin`.
 * **The probability that the pick is the best**: :func:`probability_best`.
 * **Compute accounting**: :func:`compute_fraction`.
 
@@ -243,19 +243,43 @@ def kind_groups(items: Mapping[str, Mapping[str, Any]], kind: str) -> list[list[
 # ---------------------------------------------------------------------- margins
 
 
-def ranking_margin(
-    predictor: Any, stop_fraction: float, kind: str, controls: Sequence[Controls] = (),
+@dataclass(frozen=True)
+class Margin:
+    """The keep-margin of one rung: ``value`` in log units, from the ranking scale ``sigma`` of
+    the sweep's ``kind`` (0 when the predictor states none), and where it came from."""
+
+    value: float
+    sigma: float
+    kind: str
+    words: str
+
+
+def rung_margin(
+    predictor: Any, stop_fraction: float, trials: Sequence[Mapping[str, Any]],
+    controls: Sequence[Controls | Mapping[str, Any]] = (), *, margin: str | float = "calibrated",
     z: float = DEFAULT_MARGIN_Z,
-) -> tuple[float, str]:
-    """The keep-margin in log units, z·σ, with σ the predictor's ranking scale for a sweep of
-    ``kind`` at ``stop_fraction`` (``Predictor.ranking_scale``; the cross-scale one when a
-    trial is off the calibrated scale), and its source in words. A predictor without
-    ``ranking_scale`` gives 0."""
+) -> Margin:
+    """The margin of a rung at ``stop_fraction`` for these trials (their :func:`sweep_values`
+    and controls): z·σ with σ the predictor's ranking scale for the kind of sweep they form
+    (``Predictor.ranking_scale``: the cross-scale one when a trial is off the calibrated
+    scale), or the fixed log margin ``margin`` when it is a number."""
+    kind = sweep_kind(list(trials))
+    ctrl = []
+    for c in controls:
+        try:
+            ctrl.append(c if isinstance(c, Controls) else Controls.from_mapping(c or {}))
+        except (KeyError, ValueError, TypeError):
+            pass
     scale_of = getattr(predictor, "ranking_scale", None)
-    if not callable(scale_of):
-        return 0.0, "the predictor states no ranking error: margin 0"
-    sigma, words = scale_of(stop_fraction, kind, list(controls))
-    return float(z) * float(sigma), f"{z:g} × ranking scale {100 * sigma:.2f}% ({words})"
+    sigma, words = 0.0, "the predictor states no ranking error"
+    if callable(scale_of):
+        sigma, words = scale_of(stop_fraction, kind, ctrl)
+        sigma = float(sigma)
+    if margin != "calibrated":
+        return Margin(float(margin), sigma, kind, f"fixed margin {100 * float(margin):.2f}%")
+    if sigma == 0.0:
+        return Margin(0.0, 0.0, kind, f"{words}: margin 0")
+    return Margin(float(z) * sigma, sigma, kind, f"{z:g} × ranking scale {100 * sigma:.2f}% ({words})")
 
 
 # ---------------------------------------------------------------------- the keep rule
@@ -452,6 +476,6 @@ def is_finished(train_fraction: float) -> bool:
 __all__ = [
     "Candidate", "DEFAULT_MARGIN_Z", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
     "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished", "judge_arrival",
-    "keep_rule", "kind_groups", "predict_at_rung", "probability_best", "ranking_margin", "sweep_kind",
+    "keep_rule", "kind_groups", "Margin", "predict_at_rung", "probability_best", "rung_margin", "sweep_kind",
     "sweep_values",
 ]

@@ -220,16 +220,7 @@ class CollapseScheduler(FIFOScheduler):
             return
         state = SchedulerState.load(path)
         old = state.settings
-        old_rungs = [float(r) for r in old.get("rungs", [])]
-        if len(old_rungs) != len(self._rungs) or any(abs(a - b) > T_HAT_EPS for a, b in zip(old_rungs, self._rungs)):
-            raise ValueError(f"{path}: state was written with rungs {old_rungs}, not {self._rungs}")
-        if old.get("decision_mode") != self._decision_mode:
-            raise ValueError(f"{path}: state was written in decision mode {old.get('decision_mode')!r}, "
-                             f"not {self._decision_mode!r}")
-        if old.get("metric") and self._metric and old["metric"] != self._metric:
-            raise ValueError(f"{path}: state was written with metric={old['metric']!r}, not {self._metric!r}")
-        if len(state.rungs) != len(self._rungs) or any(r.index != i for i, r in enumerate(state.rungs)):
-            raise ValueError(f"{path}: state has {len(state.rungs)} rung records for {len(self._rungs)} rungs")
+        state.check_compatible(self._settings(), str(path))
         self._metric = self._metric or old.get("metric")
         self._mode = self._mode or old.get("mode")
         state.settings = self._settings()
@@ -283,13 +274,9 @@ class CollapseScheduler(FIFOScheduler):
     def _is_last(self, r: int) -> bool:
         return r == len(self._rungs) - 1
 
-    def _eliminated(self, rec: TrialRecord) -> bool:
-        """Out of the rung competition: stopped, diverged, errored or (audit) would have been stopped."""
-        return rec.status in (*_OUT, "error") or (self._decision_mode == "audit" and rec.would_stop_at is not None)
-
     def _live(self, rec: TrialRecord) -> bool:
         """Still running (or waiting to) and in the rung competition."""
-        return rec.status in _ALIVE and not self._eliminated(rec)
+        return rec.status in _ALIVE and not self._state.eliminated(rec)
 
     def compute_fraction(self) -> float:
         """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.rules.compute_fraction`)."""
@@ -297,32 +284,11 @@ class CollapseScheduler(FIFOScheduler):
         return rules.compute_fraction({r.trial_id: r.last_train_fraction for r in recs},
                                       {r.trial_id: (r.n_params or 0) * (r.total_tokens or 0) for r in recs})
 
-    def _scale_at(self, r: int, trial_ids: Sequence[str]) -> tuple[float, str, str]:
-        """(ranking scale σ in log units, its source in words, the sweep kind) of rung ``r``
-        for these trials (``Predictor.ranking_scale``; 0 for a predictor without one)."""
+    def _margin_at(self, r: int, trial_ids: Sequence[str]) -> rules.Margin:
+        """The margin of rung ``r`` for these trials (:func:`hpo.rules.rung_margin`)."""
         recs = [self._state.trials[t] for t in trial_ids if t in self._state.trials]
-        kind = rules.sweep_kind([rec.sweep_values for rec in recs])
-        scale_of = getattr(self._predictor, "ranking_scale", None)
-        if not callable(scale_of):
-            return 0.0, "the predictor states no ranking error", kind
-        controls = []
-        for rec in recs:
-            try:
-                controls.append(Controls.from_mapping(rec.controls or {}))
-            except (KeyError, ValueError, TypeError):
-                pass
-        sigma, words = scale_of(self._rungs[r], kind, controls)
-        return float(sigma), words, kind
-
-    def _margin_at(self, r: int, trial_ids: Sequence[str]) -> tuple[float, str, str]:
-        """(log margin, its source in words, the sweep kind) at rung ``r`` for these trials:
-        ``margin_z`` × the ranking scale, or the fixed margin."""
-        sigma, words, kind = self._scale_at(r, trial_ids)
-        if self._margin != "calibrated":
-            return float(self._margin), f"fixed margin {100 * float(self._margin):.2f}%", kind
-        if sigma == 0.0:
-            return 0.0, f"{words}: margin 0", kind
-        return self._z * sigma, f"{self._z:g} × ranking scale {100 * sigma:.2f}% ({words})", kind
+        return rules.rung_margin(self._predictor, self._rungs[r], [rec.sweep_values for rec in recs],
+                                 [rec.controls or {} for rec in recs], margin=self._margin, z=self._z)
 
     def _entry(self, rec: TrialRecord, r: int) -> RungEntry:
         t, y = zip(*rec.history)
@@ -373,13 +339,13 @@ class CollapseScheduler(FIFOScheduler):
                 break
             recorded = [self._candidate(e) for tid, e in rung.entries.items()
                         if tid != rec.trial_id and e.decision != "pending"]
-            margin, words, kind = self._margin_at(r, [*(c.trial_id for c in recorded), rec.trial_id])
+            m = self._margin_at(r, [*(c.trial_id for c in recorded), rec.trial_id])
             keep, reason = rules.judge_arrival(recorded, self._candidate(entry), last=self._is_last(r),
-                                               reduction_factor=self._rf, margin=margin, margin_words=words)
+                                               reduction_factor=self._rf, margin=m.value, margin_words=m.words)
             entry.decision = self._words(r, keep, rec)
             entry.reason = ("late arrival: " if self._decision_mode != "async" else "") + reason
             entry.late, entry.decided_at, entry.compute_fraction = True, utc_now(), self.compute_fraction()
-            rung.margin, rung.margin_source, rung.kind = margin, words, kind
+            rung.margin, rung.margin_source, rung.kind = m.value, m.words, m.kind
             if keep:
                 if rec.trial_id not in rung.survivors:
                     rung.survivors.append(rec.trial_id)
@@ -422,9 +388,9 @@ class CollapseScheduler(FIFOScheduler):
                 e.decided_at, e.compute_fraction = now, compute
             else:
                 participants.append(e)
-        margin, words, kind = self._margin_at(r, [e.trial_id for e in participants])
+        m = self._margin_at(r, [e.trial_id for e in participants])
         decision = rules.keep_rule([self._candidate(e) for e in participants], last=self._is_last(r),
-                                   reduction_factor=self._rf, margin=margin, margin_words=words)
+                                   reduction_factor=self._rf, margin=m.value, margin_words=m.words)
         to_stop: list[TrialRecord] = []
         for e in participants:
             rec = self._state.trials[e.trial_id]
@@ -445,7 +411,7 @@ class CollapseScheduler(FIFOScheduler):
         rung.survivors = sorted(decision.kept, key=order.__getitem__)
         rung.n_keep = len(rung.survivors)
         rung.predicted_best, rung.current_best = decision.predicted_best, decision.current_best
-        rung.margin, rung.margin_source, rung.kind = margin, words, kind
+        rung.margin, rung.margin_source, rung.kind = m.value, m.words, m.kind
         logger.info("CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
                     fraction, self._decision_mode, rung.n_keep, len(participants), rung.survivors)
         # Losers are marked stopped before the decision is persisted: a driver killed between
@@ -494,9 +460,8 @@ class CollapseScheduler(FIFOScheduler):
         latest = [(tid, rec.latest_prediction) for tid, rec in self._state.trials.items()
                   if rec.latest_prediction and rec.status != "diverged"]
         ids = [t for t, _ in latest]
-        scales = {j: self._scale_at(j, ids)[0] for j in range(len(self._rungs))}
-        sigmas = [max(scales.get(self._rungs.index(lp["rung"]) if lp["rung"] in self._rungs else r, 0.0), 1e-6)
-                  / math.sqrt(2) for _, lp in latest]
+        scales = {f: self._margin_at(j, ids).sigma for j, f in enumerate(self._rungs)}
+        sigmas = [max(scales.get(lp["rung"], scales[self._rungs[r]]), 1e-6) / math.sqrt(2) for _, lp in latest]
         p_best = rules.probability_best([math.log(lp["final_loss"]) for _, lp in latest], sigmas)
         probability = dict(zip([t for t, _ in latest], p_best)).get(best.trial_id)
         value_error = getattr(self._predictor, "relative_error", None)
@@ -741,12 +706,8 @@ class CollapseScheduler(FIFOScheduler):
     # ------------------------------------------------------------------ read-only views
 
     def trial_verdict(self, trial_id: str) -> str:
-        """``completed``, ``stopped_at_<fraction>``, ``diverged``, ``error``, ``stopped``,
-        ``running``, ``paused``, ``pending`` or ``unknown``."""
-        rec = self._state.trials.get(trial_id)
-        if rec is None:
-            return "unknown"
-        return f"stopped_at_{rec.stopped_at:g}" if rec.status == "stopped" and rec.stopped_at is not None else rec.status
+        """``completed``, ``stopped_at_<fraction>``, ``diverged``, ... (``SchedulerState.verdict``)."""
+        return self._state.verdict(trial_id)
 
     def latest_prediction(self, trial_id: str) -> Optional[float]:
         """The trial's latest predicted final loss (from its latest rung), or None."""
@@ -754,50 +715,9 @@ class CollapseScheduler(FIFOScheduler):
         return (rec.latest_prediction or {}).get("final_loss") if rec else None
 
     def summary(self) -> dict[str, Any]:
-        """A JSON-safe snapshot for progress displays: ``decision_mode``, ``metric``, ``mode``,
-        ``rungs``, ``trials`` (by id: ``status``, ``verdict``, ``train_fraction``, ``loss``,
-        ``predicted_final_loss``, ``uncertainty``, ``prediction_rung``, ``stopped_at``,
-        ``would_stop_at``, ``final_metric``, ``config``), ``rung_status`` (per rung: ``fraction``,
-        ``decided``, ``n_reached``, ``n_participants``, ``survivors``, ``predicted_best``,
-        ``current_best``, ``compute_fraction``, ``margin``, ``kind``), ``predicted_best`` (among
-        trials still in the race, the best prediction at the highest rung reached),
-        ``current_best`` (lowest latest metric among trials not out), ``compute_fraction`` and
-        ``early_answer``."""
-        recs = sorted(self._state.trials.values(), key=lambda rec: rec.order)
-        trials = {rec.trial_id: {
-            "status": rec.status, "verdict": self.trial_verdict(rec.trial_id),
-            "train_fraction": rec.last_train_fraction, "loss": rec.history[-1][1] if rec.history else None,
-            "predicted_final_loss": (rec.latest_prediction or {}).get("final_loss"),
-            "uncertainty": (rec.latest_prediction or {}).get("uncertainty"),
-            "prediction_rung": (rec.latest_prediction or {}).get("rung"), "stopped_at": rec.stopped_at,
-            "would_stop_at": rec.would_stop_at, "final_metric": rec.final_metric, "config": rec.config,
-        } for rec in recs}
-        rung_status = [{
-            "fraction": rung.fraction, "decided": rung.decided, "n_reached": len(rung.entries),
-            "n_participants": rung.n_participants, "survivors": list(rung.survivors),
-            "predicted_best": rung.predicted_best, "current_best": rung.current_best,
-            "compute_fraction": rung.compute_fraction, "margin": rung.margin, "kind": rung.kind,
-        } for rung in self._state.rungs]
-        predicted_best = None
-        in_race = [rec for rec in recs if rec.latest_prediction and not self._eliminated(rec)]
-        if in_race:
-            pos = {f: i for i, f in enumerate(self._rungs)}
-            best = min(in_race, key=lambda rec: (-pos.get(rec.latest_prediction["rung"], -1),
-                                                 rec.latest_prediction["final_loss"], rec.order))
-            lp = best.latest_prediction
-            predicted_best = {"trial_id": best.trial_id, "predicted_final_loss": lp["final_loss"],
-                              "uncertainty": lp["uncertainty"], "rung": lp["rung"]}
-        alive = [rec for rec in recs if rec.history and rec.status not in (*_OUT, "error")]
-        current = min(alive, key=lambda rec: (rec.history[-1][1], rec.order)) if alive else None
-        return json_safe({
-            "decision_mode": self._decision_mode, "metric": self._metric, "mode": self._mode,
-            "rungs": list(self._rungs), "trials": trials, "rung_status": rung_status,
-            "predicted_best": predicted_best,
-            "current_best": None if current is None else {
-                "trial_id": current.trial_id, "loss": current.history[-1][1],
-                "train_fraction": current.history[-1][0]},
-            "compute_fraction": self.compute_fraction(), "early_answer": self._state.early_answer,
-        })
+        """A JSON-safe snapshot for progress displays (``SchedulerState.summary``)."""
+        self._state.settings = self._settings()
+        return self._state.summary(self.compute_fraction())
 
     def margin_text(self, r: int, short: bool = False) -> str:
         """The keep-margin of rung ``r`` in words (the one it was decided with, else the one
@@ -806,27 +726,13 @@ class CollapseScheduler(FIFOScheduler):
         if rung.margin_source:
             margin, words = rung.margin, rung.margin_source
         else:
-            margin, words, _ = self._margin_at(r, list(self._state.trials))
+            m = self._margin_at(r, list(self._state.trials))
+            margin, words = m.value, m.words
         if short:
             return f"{100 * margin:.2f}%"
         return f"{100 * margin:.2f}% in log-final above the predicted best at t̂ = {self._rungs[r]:g} ({words})"
 
     def debug_string(self) -> str:
-        """One header line, then a line per rung: decided? survivors."""
-        recs = list(self._state.trials.values())
-        count = {s: sum(r.status == s for r in recs) for s in ("stopped", "diverged", "completed", "error")}
-        lines = [f"Using CollapseScheduler ({self._decision_mode}; {self._metric} {self._mode}; rf={self._rf:g}; "
-                 f"margin={self._margin if self._margin != 'calibrated' else f'calibrated, z={self._z:g}'}): "
-                 f"{len(recs)} trials, {count['stopped']} stopped, {count['diverged']} diverged, "
-                 f"{count['completed']} completed, {count['error']} errored"]
-        for rung in self._state.rungs:
-            if rung.decided:
-                state = (f"decided, kept {len(rung.survivors)}/{rung.n_participants} "
-                         f"[{', '.join(rung.survivors)}], predicted best {rung.predicted_best}")
-            elif self._decision_mode == "async":
-                kept = sum(e.decision in ("continue", "keep") for e in rung.entries.values())
-                state = f"{len(rung.entries)} judged, {kept} kept"
-            else:
-                state = f"waiting ({len(rung.entries)} reached, {sum(self._live(r) for r in recs)} live)"
-            lines.append(f"  rung {rung.fraction:g}: {state}")
-        return "\n".join(lines)
+        """One header line, then a line per rung (``SchedulerState.debug_string``)."""
+        self._state.settings = self._settings()
+        return self._state.debug_string()

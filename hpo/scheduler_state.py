@@ -278,6 +278,106 @@ class SchedulerState:
     def to_json(self, indent: Optional[int] = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False, ensure_ascii=False)
 
+    # ------------------------------------------------------------ checks and read-only views
+
+    def check_compatible(self, settings: dict[str, Any], source: str) -> None:
+        """Raise ``ValueError`` naming ``source`` when this state was written with other rungs,
+        another decision mode or another metric than ``settings`` (a scheduler's)."""
+        old = self.settings
+        old_rungs = [float(r) for r in old.get("rungs", [])]
+        rungs = [float(r) for r in settings["rungs"]]
+        if len(old_rungs) != len(rungs) or any(abs(a - b) > 1e-9 for a, b in zip(old_rungs, rungs)):
+            raise ValueError(f"{source}: state was written with rungs {old_rungs}, not {rungs}")
+        if old.get("decision_mode") != settings["decision_mode"]:
+            raise ValueError(f"{source}: state was written in decision mode {old.get('decision_mode')!r}, "
+                             f"not {settings['decision_mode']!r}")
+        if old.get("metric") and settings.get("metric") and old["metric"] != settings["metric"]:
+            raise ValueError(f"{source}: state was written with metric={old['metric']!r}, not {settings['metric']!r}")
+        if len(self.rungs) != len(rungs) or any(r.index != i for i, r in enumerate(self.rungs)):
+            raise ValueError(f"{source}: state has {len(self.rungs)} rung records for {len(rungs)} rungs")
+
+    def eliminated(self, rec: TrialRecord) -> bool:
+        """Out of the rung competition: stopped, diverged, errored or (audit) would have been stopped."""
+        return rec.status in ("stopped", "diverged", "error") or (
+            self.settings.get("decision_mode") == "audit" and rec.would_stop_at is not None)
+
+    def verdict(self, trial_id: str) -> str:
+        """``completed``, ``stopped_at_<fraction>``, ``diverged``, ``error``, ``stopped``,
+        ``running``, ``paused``, ``pending`` or ``unknown``."""
+        rec = self.trials.get(trial_id)
+        if rec is None:
+            return "unknown"
+        return f"stopped_at_{rec.stopped_at:g}" if rec.status == "stopped" and rec.stopped_at is not None else rec.status
+
+    def summary(self, compute_fraction: float) -> dict[str, Any]:
+        """A JSON-safe snapshot for progress displays: ``decision_mode``, ``metric``, ``mode``,
+        ``rungs``, ``trials`` (by id: ``status``, ``verdict``, ``train_fraction``, ``loss``,
+        ``predicted_final_loss``, ``uncertainty``, ``prediction_rung``, ``stopped_at``,
+        ``would_stop_at``, ``final_metric``, ``config``), ``rung_status`` (per rung: ``fraction``,
+        ``decided``, ``n_reached``, ``n_participants``, ``survivors``, ``predicted_best``,
+        ``current_best``, ``compute_fraction``, ``margin``, ``kind``), ``predicted_best`` (among
+        trials still in the race, the best prediction at the highest rung reached),
+        ``current_best`` (lowest latest metric among trials not out), ``compute_fraction`` and
+        ``early_answer``."""
+        recs = sorted(self.trials.values(), key=lambda rec: rec.order)
+        trials = {rec.trial_id: {
+            "status": rec.status, "verdict": self.verdict(rec.trial_id),
+            "train_fraction": rec.last_train_fraction, "loss": rec.history[-1][1] if rec.history else None,
+            "predicted_final_loss": (rec.latest_prediction or {}).get("final_loss"),
+            "uncertainty": (rec.latest_prediction or {}).get("uncertainty"),
+            "prediction_rung": (rec.latest_prediction or {}).get("rung"), "stopped_at": rec.stopped_at,
+            "would_stop_at": rec.would_stop_at, "final_metric": rec.final_metric, "config": rec.config,
+        } for rec in recs}
+        rung_status = [{
+            "fraction": rung.fraction, "decided": rung.decided, "n_reached": len(rung.entries),
+            "n_participants": rung.n_participants, "survivors": list(rung.survivors),
+            "predicted_best": rung.predicted_best, "current_best": rung.current_best,
+            "compute_fraction": rung.compute_fraction, "margin": rung.margin, "kind": rung.kind,
+        } for rung in self.rungs]
+        predicted_best = None
+        in_race = [rec for rec in recs if rec.latest_prediction and not self.eliminated(rec)]
+        if in_race:
+            pos = {r.fraction: i for i, r in enumerate(self.rungs)}
+            best = min(in_race, key=lambda rec: (-pos.get(rec.latest_prediction["rung"], -1),  # type: ignore[index]
+                                                 rec.latest_prediction["final_loss"], rec.order))  # type: ignore[index]
+            lp = best.latest_prediction or {}
+            predicted_best = {"trial_id": best.trial_id, "predicted_final_loss": lp["final_loss"],
+                              "uncertainty": lp["uncertainty"], "rung": lp["rung"]}
+        alive = [rec for rec in recs if rec.history and rec.status not in ("stopped", "diverged", "error")]
+        current = min(alive, key=lambda rec: (rec.history[-1][1], rec.order)) if alive else None
+        return json_safe({
+            "decision_mode": self.settings.get("decision_mode"), "metric": self.settings.get("metric"),
+            "mode": self.settings.get("mode"), "rungs": [r.fraction for r in self.rungs], "trials": trials,
+            "rung_status": rung_status, "predicted_best": predicted_best,
+            "current_best": None if current is None else {
+                "trial_id": current.trial_id, "loss": current.history[-1][1],
+                "train_fraction": current.history[-1][0]},
+            "compute_fraction": compute_fraction, "early_answer": self.early_answer,
+        })
+
+    def debug_string(self) -> str:
+        """One header line, then a line per rung: decided? survivors."""
+        st, recs = self.settings, list(self.trials.values())
+        count = {s: sum(r.status == s for r in recs) for s in ("stopped", "diverged", "completed", "error")}
+        margin = st.get("margin")
+        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', 1.0):g}"
+        lines = [f"Using CollapseScheduler ({st.get('decision_mode')}; {st.get('metric')} {st.get('mode')}; "
+                 f"rf={st.get('reduction_factor', 0):g}; margin={margin_words}): "
+                 f"{len(recs)} trials, {count['stopped']} stopped, {count['diverged']} diverged, "
+                 f"{count['completed']} completed, {count['error']} errored"]
+        live = sum(1 for r in recs if r.status in ("pending", "running", "paused") and not self.eliminated(r))
+        for rung in self.rungs:
+            if rung.decided:
+                state = (f"decided, kept {len(rung.survivors)}/{rung.n_participants} "
+                         f"[{', '.join(rung.survivors)}], predicted best {rung.predicted_best}")
+            elif st.get("decision_mode") == "async":
+                kept = sum(e.decision in ("continue", "keep") for e in rung.entries.values())
+                state = f"{len(rung.entries)} judged, {kept} kept"
+            else:
+                state = f"waiting ({len(rung.entries)} reached, {live} live)"
+            lines.append(f"  rung {rung.fraction:g}: {state}")
+        return "\n".join(lines)
+
     @classmethod
     def from_dict(cls, data: Any, source: str = "<state>") -> "SchedulerState":
         """Build from a parsed dict; any problem raises :class:`StateFileError` naming ``source``."""
