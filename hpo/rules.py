@@ -407,35 +407,33 @@ def judge_arrival(
 # ---------------------------------------------------------------------- probability
 
 
-def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float]) -> list[float]:
+def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float], draws: int = 20_000) -> list[float]:
     """P(trial i has the lowest true final) when trial i's log-final is N(μ_i, σ_i²),
     independent across trials (σ_i = ranking scale/√2, so that a pair's difference has the
-    ranking scale): ∫ φ(x) Π_{j≠i} [1 − Φ((μ_i + σ_i x − μ_j)/σ_j)] dx, on a fixed grid.
+    ranking scale). Estimated from ``draws`` seeded draws (±0.4% at 50%), so it is cheap at
+    1,000 trials and the same number on every run.
 
     Example:
-        >>> [round(p, 3) for p in probability_best([0.0, 0.0], [0.01, 0.01])]
+        >>> [round(float(p), 2) for p in probability_best([0.0, 0.0], [0.01, 0.01])]
         [0.5, 0.5]
     """
-    from scipy.stats import norm
-
-    mu = np.asarray(log_means, dtype=np.float64)
-    sd = np.maximum(np.asarray(log_sigmas, dtype=np.float64), 1e-9)
-    if mu.size == 0:
-        return []
-    if mu.size == 1:
-        return [1.0]
-    x = np.linspace(-8.0, 8.0, 1601)
-    weight = norm.pdf(x) * (x[1] - x[0])
-    out = []
-    for i in range(mu.size):
-        value = mu[i] + sd[i] * x  # candidate value of trial i's log-final
-        survive = np.ones_like(x)
-        for j in range(mu.size):
-            if j != i:
-                survive *= norm.sf((value - mu[j]) / sd[j])
-        out.append(float(np.sum(weight * survive)))
-    total = sum(out)
-    return [p / total for p in out] if total > 0 else [1.0 / mu.size] * mu.size
+    mu_all = np.asarray(log_means, dtype=np.float64)
+    sd_all = np.maximum(np.asarray(log_sigmas, dtype=np.float64), 1e-9)
+    if mu_all.size <= 1:
+        return [1.0] * mu_all.size
+    # A trial more than 10 of the largest σ above the best never wins a draw: leave it out.
+    contenders = np.flatnonzero(mu_all - mu_all.min() <= 10.0 * sd_all.max())
+    mu, sd = mu_all[contenders], sd_all[contenders]
+    rng = np.random.default_rng(0)
+    wins = np.zeros(mu.size)
+    chunk = max(1, 2_000_000 // mu.size)
+    for start in range(0, draws, chunk):
+        k = min(chunk, draws - start)
+        sample = mu[None, :] + sd[None, :] * rng.standard_normal((k, mu.size))
+        wins += np.bincount(np.argmin(sample, axis=1), minlength=mu.size)
+    out = np.zeros(mu_all.size)
+    out[contenders] = wins / draws
+    return [float(p) for p in out]
 
 
 # ---------------------------------------------------------------------- compute

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
@@ -51,7 +52,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo import rules
-from hpo.scheduler_state import RungEntry, RungRecord, SchedulerState, TrialRecord, utc_now
+from hpo.scheduler_state import HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord, history_path, utc_now
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS
 from predictors.io import finite_or_none, json_safe
@@ -107,8 +108,13 @@ class CollapseScheduler(FIFOScheduler):
         margin_z: the calibrated margin in ranking-scale units (default 1: stop a trial when
             its chance of ending better than the predicted best is below Φ(−1) ≈ 16%).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
-        state_path: where ``scheduler_state.json`` is written after every decision; an existing
-            file is loaded (a restored sweep keeps its decisions). None: nothing persisted.
+        state_path: where ``scheduler_state.json`` is written after every rung decision (and,
+            throttled, on results); the curves go to the append-only
+            ``scheduler_state.history.jsonl`` beside it. None: nothing persisted. A new scheduler
+            refuses a path that holds another experiment's state unless ``resume``.
+        resume: continue the experiment whose state is at ``state_path`` (its decisions,
+            stopped trials and curves are kept). ``Tuner.restore`` needs no flag: the
+            unpickled scheduler reloads its own file (and checks it is its experiment's).
         on_early_answer: called once with the early answer (a dict: ``trial_id``, ``config``,
             ``predicted_final_loss``, ``uncertainty``, ``probability_best``, ``margin``,
             ``margin_text``, ``kind``, ``compute_fraction``, ``rung``, ``kept``, ...). Must be
@@ -131,7 +137,7 @@ class CollapseScheduler(FIFOScheduler):
         margin_z: float = rules.DEFAULT_MARGIN_Z, decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
-        min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0,
+        min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0, resume: bool = False,
     ) -> None:
         super().__init__()
         if not callable(getattr(predictor, "predict_final", None)):
@@ -167,9 +173,19 @@ class CollapseScheduler(FIFOScheduler):
         self._strict = False  # tests set True to re-raise internal errors
         self._controls_read: set[str] = set()  # trials whose controls this process has read
         self._warned: set[str] = set()
-        self._state = SchedulerState(settings=self._settings(),
+        self._history = HistoryLog(history_path(self._state_path)) if self._state_path else None
+        self._history_started = False  # a fresh experiment truncates a stale history log once
+        self._restored = False  # set by a load: choose_trial_to_run ends trials stopped before it
+        self._state = SchedulerState(settings=self._settings(), experiment_id=uuid.uuid4().hex,
                                      rungs=[RungRecord(index=i, fraction=f) for i, f in enumerate(fractions)])
-        self._load_existing()
+        if self._state_path is not None and self._state_path.exists() and not resume:
+            other = SchedulerState.load(self._state_path).experiment_id or "unknown"
+            raise ValueError(f"state_path: {self._state_path} holds the state of experiment {other}; "
+                             "pass resume=True to continue it, or give a new path")
+        if resume:
+            if self._state_path is None or not self._state_path.exists():
+                raise ValueError(f"resume: there is no state to resume at {self._state_path}")
+            self._load_existing(adopt=True)
 
     # ------------------------------------------------------------------ settings
 
@@ -214,13 +230,20 @@ class CollapseScheduler(FIFOScheduler):
 
     # ------------------------------------------------------------------ persistence
 
-    def _load_existing(self) -> None:
+    def _load_existing(self, adopt: bool = False) -> None:
+        """Load the state file (on ``resume`` and when ``Tuner.restore`` unpickles us); refuse a
+        file written with other settings, or (unless adopting it) by another experiment."""
         path = self._state_path
         if path is None or not path.exists():
             return
         state = SchedulerState.load(path)
         old = state.settings
         state.check_compatible(self._settings(), str(path))
+        if not adopt and state.experiment_id and state.experiment_id != self._state.experiment_id:
+            raise ValueError(f"{path}: holds experiment {state.experiment_id}, not this scheduler's "
+                             f"{self._state.experiment_id}")
+        self._history_started = True
+        self._restored = True
         self._metric = self._metric or old.get("metric")
         self._mode = self._mode or old.get("mode")
         state.settings = self._settings()
@@ -237,7 +260,10 @@ class CollapseScheduler(FIFOScheduler):
             return
         try:
             self._state.settings = self._settings()
-            self._state.save(self._state_path)
+            if self._history is not None:
+                self._history.flush(start=not self._history_started)
+                self._history_started = True
+            self._state.save(self._state_path, with_history=False)
             self._last_save = now
         except Exception:  # noqa: BLE001 - a failed write must not kill the sweep
             logger.exception("CollapseScheduler: could not write %s", self._state_path)
@@ -254,14 +280,19 @@ class CollapseScheduler(FIFOScheduler):
         self._state.save(checkpoint_path)
 
     def restore(self, checkpoint_path: str) -> None:
-        """``TrialScheduler.restore``: load the JSON state from ``checkpoint_path``."""
-        self._state = SchedulerState.load(checkpoint_path)
+        """``TrialScheduler.restore``: load the JSON state from ``checkpoint_path`` (checked
+        against this scheduler's settings)."""
+        state = SchedulerState.load(Path(checkpoint_path).resolve())
+        state.check_compatible(self._settings(), str(checkpoint_path))
+        self._state = state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Tuner.restore unpickles the scheduler as built; the file holds what happened since.
         self.__dict__.update(state)
         self._deciding = False
         self._controls_read = set()
+        if self._state_path is not None:
+            self._history = HistoryLog(history_path(self._state_path))
         self._load_existing()
 
     # ------------------------------------------------------------------ helpers
@@ -527,7 +558,7 @@ class CollapseScheduler(FIFOScheduler):
             rec = self._state.trials[tid] = TrialRecord(
                 trial_id=tid, order=len(self._state.trials), config=config,
                 status=_RAY_TO_STATUS.get(ray_status, "pending"), sweep_values=rules.sweep_values(_flat(config)))
-            self._persist(force=True)
+            self._persist()
             return
         if rec.status == "error" and ray_status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED):
             rec.status = "pending"  # retried after a failure, or resumed with resume_errored
@@ -576,20 +607,15 @@ class CollapseScheduler(FIFOScheduler):
             rec.status, rec.diverged_at, rec.last_train_fraction = "diverged", t, t
             logger.info("CollapseScheduler: trial %s diverged at t̂=%g", rec.trial_id, t)
             return True
-        history = rec.history
-        if history and t < history[-1][0] - T_HAT_EPS:
-            # Restored from an earlier checkpoint: drop the superseded points and any undecided
-            # rung entry made from them.
-            rec.history = history = [p for p in history if p[0] < t - T_HAT_EPS]
+        if rec.add_point(t, value, T_HAT_EPS):
+            # Restored from an earlier checkpoint: undecided rung entries made from the dropped
+            # points are dropped too.
             for rung in self._state.rungs:
                 e = rung.entries.get(rec.trial_id)
                 if e is not None and e.decision == "pending" and e.train_fraction > t + T_HAT_EPS:
                     del rung.entries[rec.trial_id]
-        if history and abs(t - history[-1][0]) <= T_HAT_EPS:
-            history[-1] = [t, value]
-        else:
-            history.append([t, value])
-        rec.last_train_fraction = history[-1][0]
+        if self._history is not None:
+            self._history.append(rec.trial_id, t, value)
         return False
 
     def _on_result(self, tc: "TuneController", trial: Trial, result: Dict) -> str:
@@ -609,15 +635,13 @@ class CollapseScheduler(FIFOScheduler):
         if self._between_rungs(rec):
             self._persist()
             return TrialScheduler.CONTINUE
-        decided = sum(r.decided for r in self._state.rungs)
-        entries = sum(len(r.entries) for r in self._state.rungs)
         stopped = self._enter_rungs(tc, rec, trigger=True)
         if not stopped:
-            self._try_decide(tc, trigger_id=rec.trial_id)
+            self._try_decide(tc, trigger_id=rec.trial_id)  # a rung decision persists itself
         self._maybe_async_early_answer()
-        changed = sum(r.decided for r in self._state.rungs) != decided or \
-            sum(len(r.entries) for r in self._state.rungs) != entries
-        self._persist(force=changed)
+        # Async judgements of single arrivals are persisted throttled: a lost one is made again
+        # when the restored trial reaches the rung.
+        self._persist()
         if rec.status == "stopped":
             return TrialScheduler.STOP
         waiting = any(e.decision == "pending" and not rung.decided
@@ -650,15 +674,15 @@ class CollapseScheduler(FIFOScheduler):
         if rec is None:
             raise SchedulerContractError(f"CollapseScheduler: trial {trial.trial_id} completed but was never added")
         if self._deciding or rec.status in _OUT:
-            self._persist(force=True)
-            return
+            return  # stopped by us: persisted with the decision
         if not (result and self._ingest(rec, result)):
             rec.status = "completed"
             rec.final_metric = rec.history[-1][1] if rec.history else None
             self._enter_rungs(tc, rec, trigger=False)
         self._try_decide(tc)
         self._maybe_async_early_answer()
-        self._persist(force=True)
+        # Throttled, except for the sweep's last trial: the report reads the state when it ends.
+        self._persist(force=not any(r.status in _ALIVE for r in self._state.trials.values()))
 
     def on_trial_error(self, tune_controller: "TuneController", trial: Trial) -> None:
         """A trial failed. Its absence must not block a rung; a retry re-adds it."""
@@ -671,27 +695,31 @@ class CollapseScheduler(FIFOScheduler):
     def _on_gone(self, tc: "TuneController", trial: Trial, status: str) -> None:
         rec = self._state.trials.get(trial.trial_id)
         if rec is None or self._deciding or rec.status in (*_OUT, "completed"):
-            self._persist(force=True)
-            return
+            return  # our own stop_trial during a decision: the decision is persisted once
         rec.status = status
         self._try_decide(tc)
         self._maybe_async_early_answer()
         self._persist(force=True)
 
     def choose_trial_to_run(self, tune_controller: "TuneController") -> Optional[Trial]:
-        """PENDING trials first, then PAUSED survivors (oldest first); never a trial waiting at
-        an undecided rung, nor one the scheduler has stopped."""
-        trials = list(tune_controller.get_trials())
+        """PENDING trials first (in creation order), then PAUSED survivors (oldest first);
+        never a trial waiting at an undecided rung, nor one the scheduler has stopped."""
+        trials = tune_controller.get_trials()
+        if self._restored:
+            # After a restore: end the trials a saved decision stopped that Ray's experiment
+            # state had not caught up with when the driver died, or the sweep would wait on them.
+            self._restored = False
+            for trial in trials:
+                rec = self._state.trials.get(trial.trial_id)
+                if rec is not None and rec.status in _OUT and trial.status in (Trial.PENDING, Trial.PAUSED):
+                    self._guard(self._terminate, None, tune_controller, trial)
+        paused: Optional[Trial] = None
         for trial in trials:
-            rec = self._state.trials.get(trial.trial_id)
-            if rec is not None and rec.status in _OUT and trial.status in (Trial.PENDING, Trial.PAUSED):
-                # Stopped by a decision Ray's experiment state had not caught up with when the
-                # driver died: end it now, or the restored sweep would wait on it.
-                self._guard(self._terminate, None, tune_controller, trial)
-        runnable = [t for t in trials if t.status in (Trial.PENDING, Trial.PAUSED) and self._may_run(t)]
-        order = {tid: rec.order for tid, rec in self._state.trials.items()}
-        runnable.sort(key=lambda t: (t.status != Trial.PENDING, order.get(t.trial_id, len(order))))
-        return runnable[0] if runnable else None
+            if trial.status == Trial.PENDING and self._may_run(trial):
+                return trial
+            if trial.status == Trial.PAUSED and paused is None and self._may_run(trial):
+                paused = trial  # trials come in creation order: the first is the oldest
+        return paused
 
     def _may_run(self, trial: Trial) -> bool:
         rec = self._state.trials.get(trial.trial_id)

@@ -264,12 +264,15 @@ def test_sync_decision_log(tmp_path):
     assert "is 4 of 6, 26.24% above the best: beyond the margin 0.00%" in rung0.entries["t0"].reason
     assert s.state.rungs[2].entries["t3"].decision == "keep"
     assert s.state.rungs[2].entries["t1"].decision == "stop"
-    # persisted: the file equals the live state
+    # persisted: the snapshot holds the decisions, the append-only log the curves, and loading
+    # both gives back the live state
     on_disk = json.loads(path.read_text())
     assert on_disk["rungs"][1]["survivors"] == ["t1", "t3"]
-    assert on_disk["trials"]["t3"]["status"] == "completed"
-    assert on_disk["trials"]["t3"]["history"][-1] == [1.0, pytest.approx(1.0)]
+    assert on_disk["trials"]["t3"]["status"] == "completed" and "history" not in on_disk["trials"]["t3"]
     assert on_disk["early_answer"]["trial_id"] == "t3"
+    loaded = SchedulerState.load(path)
+    assert loaded.trials["t3"].history == s.state.trials["t3"].history
+    assert loaded.trials["t3"].history[-1] == [1.0, pytest.approx(1.0)]
 
 
 # Asserts: with 16 trials, 2 workers and random interleaving, sync keeps 8 → 4 → 1, never deadlocks.
@@ -646,7 +649,7 @@ def test_restore_keeps_decisions(tmp_path):
     s.flush()
     saved = path.read_bytes()
 
-    for make in (lambda: sched(state_path=path), lambda: pickle.loads(pickled)):
+    for make in (lambda: sched(state_path=path, resume=True), lambda: pickle.loads(pickled)):
         path.write_bytes(saved)
         restored = make()
         restored._strict = True
@@ -712,7 +715,7 @@ def test_restored_stopped_trial_is_terminated_not_run(tmp_path):
     s.flush()
     stopped = {tid for tid, rec in s.state.trials.items() if rec.status == "stopped"}
     assert stopped
-    restored = sched(state_path=path)
+    restored = sched(state_path=path, resume=True)
     fresh = [stub(t.trial_id, **t.config) for t in trials]  # all PENDING, as after a hard kill
     ctl2 = FakeController(restored, fresh)
     chosen = restored.choose_trial_to_run(ctl2)
@@ -727,12 +730,33 @@ def test_restore_refuses_mismatched_or_malformed_state(tmp_path):
     path = tmp_path / "scheduler_state.json"
     sched(state_path=path).flush()
     with pytest.raises(ValueError, match="rungs"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.2, 0.4))
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.2, 0.4), resume=True)
     with pytest.raises(ValueError, match="decision mode"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, decision_mode="audit")
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, decision_mode="audit", resume=True)
     path.write_text("{")
     with pytest.raises(StateFileError, match="scheduler_state.json"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path)
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, resume=True)
+
+
+# Asserts: a new scheduler never inherits another experiment's decisions: an existing state file
+# is refused unless resume=True, and an unpickled scheduler refuses a file of another experiment.
+def test_state_identity(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    first = sched(state_path=path)
+    pickled = pickle.dumps(first)
+    FakeController(first, six_trials()).run(workers=2)
+    with pytest.raises(ValueError, match="holds the state of experiment"):
+        sched(state_path=path)
+    resumed = sched(state_path=path, resume=True)
+    assert resumed.state.experiment_id == first.state.experiment_id and resumed.state.rungs[2].decided
+    assert pickle.loads(pickled).state.rungs[2].decided  # Tuner.restore: its own file
+    path.unlink()
+    other = sched(state_path=path)
+    other.flush()
+    with pytest.raises(ValueError, match="not this scheduler's"):
+        pickle.loads(pickled)
+    with pytest.raises(ValueError, match="no state to resume"):
+        sched(state_path=tmp_path / "absent.json", resume=True)
 
 
 # Asserts: a loser whose PAUSE-save is still in flight (RUNNING, is_saving) is stopped via stop_trial.

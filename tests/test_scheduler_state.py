@@ -87,3 +87,23 @@ def test_json_safe():
     out = json_safe({"a": math.inf, 1: np.int64(3), "b": np.array([1.0, np.nan]), "c": object})
     assert out["a"] is None and out["1"] == 3 and out["b"] == [1.0, None]
     assert isinstance(out["c"], str)
+
+
+def test_history_log_replays_curves_rewinds_and_a_torn_line(tmp_path):
+    # The snapshot holds no curves; load() rebuilds them from the append-only log, applying a
+    # restore's rewind (t̂ going back drops the later points) and ignoring a line cut by a kill.
+    from hpo.scheduler_state import HistoryLog, SchedulerState, TrialRecord, history_path
+
+    path = tmp_path / "scheduler_state.json"
+    state = SchedulerState(trials={"a": TrialRecord(trial_id="a")}, experiment_id="x")
+    log = HistoryLog(history_path(path))
+    for t, v in ((0.1, 3.0), (0.2, 2.5), (0.3, 2.2), (0.2, 2.4), (0.25, 2.3)):
+        log.append("a", t, v)
+    log.append("b", 0.1, 2.9)  # a trial added after the last snapshot
+    log.flush(start=True)
+    with open(history_path(path), "a") as handle:
+        handle.write('["a", 0.3')  # torn
+    state.save(path, with_history=False)
+    back = SchedulerState.load(path)
+    assert back.trials["a"].history == [[0.1, 3.0], [0.2, 2.4], [0.25, 2.3]]
+    assert back.trials["b"].history == [[0.1, 2.9]] and back.experiment_id == "x"
