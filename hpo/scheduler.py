@@ -313,7 +313,8 @@ class CollapseScheduler(FIFOScheduler):
         """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.rules.compute_fraction`)."""
         recs = self._state.trials.values()
         return rules.compute_fraction({r.trial_id: r.last_train_fraction for r in recs},
-                                      {r.trial_id: (r.n_params or 0) * (r.total_tokens or 0) for r in recs})
+                                      {r.trial_id: (r.n_params or 0) * (r.total_tokens or 0) for r in recs},
+                                      {r.trial_id: r.redone for r in recs})
 
     def _margin_at(self, r: int, trial_ids: Sequence[str]) -> rules.Margin:
         """The margin of rung ``r`` for these trials (:func:`hpo.rules.rung_margin`)."""
@@ -608,8 +609,14 @@ class CollapseScheduler(FIFOScheduler):
             logger.info("CollapseScheduler: trial %s diverged at t̂=%g", rec.trial_id, t)
             return True
         if rec.add_point(t, value, T_HAT_EPS):
-            # Restored from an earlier checkpoint: undecided rung entries made from the dropped
-            # points are dropped too.
+            # Restored from an earlier checkpoint (or restarted: a trainable without checkpoints
+            # begins again after every PAUSE): undecided rung entries made from the dropped
+            # points are dropped too, and the repeated work counts in compute.
+            if self._decision_mode == "sync" and t < self._rungs[0] - T_HAT_EPS:
+                self._warn_once("restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: "
+                                "its trainable does not restore checkpoints, so sync mode trains it twice up "
+                                "to each rung (use a class trainable with save/load_checkpoint, "
+                                "tune.get_checkpoint(), or decision_mode='async')", rec.trial_id, t)
             for rung in self._state.rungs:
                 e = rung.entries.get(rec.trial_id)
                 if e is not None and e.decision == "pending" and e.train_fraction > t + T_HAT_EPS:

@@ -217,6 +217,9 @@ class TrialRecord:
             latest rung at which the trial was predicted.
         sweep_values: η, B, λ, τ, TPP, N and schedule (``hpo.rules.sweep_values``), from the
             latest result and the config: what tells the kind of sweep.
+        redone: the training fraction the trial trained twice because it was resumed from an
+            earlier point than it had reached (a trainable that does not checkpoint restarts
+            from 0 after a PAUSE); counted in the sweep's compute.
     """
 
     trial_id: str
@@ -234,6 +237,7 @@ class TrialRecord:
     total_tokens: Optional[float] = None
     latest_prediction: Optional[dict[str, Any]] = None
     sweep_values: dict[str, Any] = field(default_factory=dict)
+    redone: float = 0.0
 
     def add_point(self, t: float, value: float, eps: float = 1e-9) -> bool:
         """Append (t̂, loss) to the history; a repeated t̂ replaces the last point, an earlier one
@@ -241,6 +245,7 @@ class TrialRecord:
         when points were dropped."""
         rewound = bool(self.history) and t < self.history[-1][0] - eps
         if rewound:
+            self.redone += self.history[-1][0] - t
             self.history = [p for p in self.history if p[0] < t - eps]
         if self.history and abs(t - self.history[-1][0]) <= eps:
             self.history[-1] = [t, value]

@@ -1030,3 +1030,21 @@ def test_end_to_end_ray_tune_sync(tmp_path):
     assert [round(t, 6) for t, _ in by_name["d"].history] == seen.t_hat["d"]
     assert len(answers) == 1 and answers[0]["config"]["name"] == "d"
     print(f"end-to-end Ray run: {time.monotonic() - started:.1f} s")
+
+
+# Asserts: a trial that restarts from scratch after a PAUSE (a function trainable without
+# checkpoints) is warned about once and its repeated work counts in the compute fraction.
+def test_restart_without_checkpoint_counts_the_redone_work(caplog):
+    s = sched(rungs=(0.1, 0.5))
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    for t in (a, b):
+        ctl.start(t)
+    for k in (1, 2):
+        s.on_trial_result(ctl, a, make_result(1.0, 0.5, k * DT))
+        s.on_trial_result(ctl, b, make_result(1.2, 0.5, k * DT))  # b decides rung 0.1: a kept
+    with caplog.at_level("WARNING"):
+        s.on_trial_result(ctl, a, make_result(1.0, 0.5, DT))  # resumed at step 1 again
+    assert "does not restore checkpoints" in caplog.text
+    assert s.state.trials["a"].redone == pytest.approx(DT)
+    assert s.compute_fraction() == pytest.approx((0.05 + 0.05 + 0.1) / 2)
