@@ -412,6 +412,7 @@ def ranking_error_table(
         if progress is not None:
             progress(f"ranking error: {j + 1}/{n_folds} leave-sweeps-out refits")
     kinds, crosses = {}, {}
+    cross_groups = _cross_groups(curves, by_kind, truth, fractions, cross)
     for kind, groups in by_kind.items():
         table = _kind_error(_fold_prediction(predicted, fold_of, groups), truth, groups, fractions)
         if table is not None:
@@ -426,4 +427,38 @@ def ranking_error_table(
     if not kinds:
         return None
     sources = ", ".join(f"{h.scheme} ({h.n_groups} groups)" for h in cross) or None
-    return RankingError(kinds, crosses or None, f"leave-one-sweep-out ({n_folds} folds)", sources)
+    return RankingError(kinds, crosses or None, f"leave-one-sweep-out ({n_folds} folds)", sources, cross_groups)
+
+
+#: The axis of each cross-scale grouping (``predictors.ranking.Position.axis``).
+_AXIS = {"leave-one-TPP-out": "tokens_per_param", "leave-one-size-out": "n_params"}
+
+
+def _cross_groups(curves: Sequence[Curve], by_kind: Mapping[str, Sequence[Sequence[int]]], truth: np.ndarray,
+                  fractions: Sequence[float], cross: Sequence[HeldOutPredictions]) -> tuple[Any, ...]:
+    """Per held-out TPP (size): the ranking error of the sweeps inside it, and where it lay
+    against the values that remained (``predictors.ranking.HeldOutGroup``)."""
+    from predictors.ranking import HeldOutGroup, Position
+
+    out = []
+    for held in cross:
+        axis = _AXIS.get(held.scheme)
+        index = {s: k for k, s in enumerate(held.fractions)}
+        if axis is None or not all(s in index for s in fractions):
+            continue
+        groups = groups_of(curves, SCALE_GROUPINGS[held.scheme])
+        values = [float(SCALE_GROUPINGS[held.scheme](curves[g[0]])) for g in groups]
+        for gi, members in enumerate(groups):
+            position = Position.of(values[gi], values[:gi] + values[gi + 1:], axis)
+            if position is None:
+                continue
+            inside = set(members)
+            kinds = {}
+            for kind, sweeps in by_kind.items():
+                mine = [g for g in sweeps if set(g) <= inside]
+                x = _kind_error(lambda k, i: float(held.predicted[index[fractions[k]], i]), truth, mine, fractions)
+                if x is not None:
+                    kinds[kind] = x
+            if kinds:
+                out.append(HeldOutGroup(values[gi], position, kinds))
+    return tuple(out)

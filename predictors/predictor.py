@@ -29,7 +29,7 @@ from predictors.align import (
 from predictors.controls import Controls
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
-from predictors.ranking import RankingError
+from predictors.ranking import Position, RankingError
 from predictors.surrogate import SurrogateParams
 
 SCHEMA = "collapse-hpo/predictor"
@@ -208,6 +208,25 @@ class Predictor:
             return False, f"N = {controls.n_params:.3g} is not a calibrated model size ({sizes})"
         return True, "at the calibrated scale"
 
+    def positions(self, controls: Sequence[Controls]) -> list[Position]:
+        """Where these runs lie off the calibrated scale: per axis (TPP, and N where reported)
+        and side of the calibrated range, the farthest run's ``Position``; [] when all are at a
+        calibrated TPP and size."""
+        prov = self.provenance
+        worst: dict[tuple[str, bool], Position] = {}
+        for c in controls:
+            for axis, value, known in (("tokens_per_param", c.tokens_per_param, prov.get("tokens_per_param")),
+                                       ("n_params", c.n_params, prov.get("model_sizes"))):
+                if value is None:
+                    continue
+                pos = Position.of(float(value), known, axis)
+                if pos is None:
+                    continue
+                key = (pos.axis, pos.inside)
+                if key not in worst or pos.distance > worst[key].distance:
+                    worst[key] = pos
+        return list(worst.values())
+
     def relative_error(self, stop_fraction: float, controls: Controls) -> tuple[float, str]:
         """The calibrated relative error e(s) that applies to a run with ``controls``, and its
         source: the cross-scale error when the run is away from the calibrated scale and the
@@ -243,7 +262,8 @@ class Predictor:
         off = [why for ok, why in (self.scale_check(c) for c in controls) if not ok]
         where = f"; {off[0]}" if off else ""
         if self.ranking_error is not None:
-            value, words = self.ranking_error.scale_at(stop_fraction, kind, off_scale=bool(off))
+            positions = self.positions(controls)
+            value, words = self.ranking_error.scale_at(stop_fraction, kind, off_scale=bool(off), positions=positions)
             if value is not None:
                 return value, words + where
         if self.decision_error is not None:

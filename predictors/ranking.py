@@ -35,7 +35,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -101,6 +101,56 @@ class KindError:
                    tuple(data["n_pairs"]), tuple(data["n_groups"]), None if mle is None else tuple(mle))
 
 
+#: A value within this relative distance of a calibrated one is at the calibrated scale
+#: (``predictors.predictor.SCALE_TOLERANCE`` says the same for the decision error).
+SCALE_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a run lies against the calibrated values of one axis (TPP or model size N), when
+    it is not at one of them: between the smallest and largest (``inside``, an interpolation)
+    or beyond them, at ``distance`` = |log(value / nearest calibrated value)|."""
+
+    axis: str
+    inside: bool
+    distance: float
+
+    def words(self) -> str:
+        return (f"{'inside' if self.inside else 'outside'} the calibrated {self.axis} range, "
+                f"{self.distance:.2f} in log from the nearest calibrated value")
+
+    @classmethod
+    def of(cls, value: float, calibrated: Any, axis: str) -> Optional["Position"]:
+        """None when ``value`` is at a calibrated value (or nothing is calibrated on the axis)."""
+        refs = [float(c) for c in calibrated or [] if c is not None and np.isfinite(float(c)) and float(c) > 0]
+        if not refs or not (np.isfinite(value) and value > 0):
+            return None
+        if any(abs(value / r - 1.0) <= SCALE_TOLERANCE for r in refs):
+            return None
+        distance = min(abs(float(np.log(value / r))) for r in refs)
+        return cls(axis, min(refs) < value < max(refs), float(distance))
+
+
+@dataclass(frozen=True)
+class HeldOutGroup:
+    """The ranking error measured on one held-out TPP (or model size): its sweeps predicted by
+    a refit without it, and where it lay against the TPPs (sizes) that remained."""
+
+    value: float
+    position: Position
+    kinds: Mapping[str, KindError]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "axis": self.position.axis, "inside": self.position.inside,
+                "distance": self.position.distance, "kinds": {k: v.to_dict() for k, v in self.kinds.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "HeldOutGroup":
+        return cls(float(data["value"]), Position(str(data["axis"]), bool(data["inside"]), float(data["distance"])),
+                   {k: KindError.from_dict(v) for k, v in data["kinds"].items()})
+
+
 @dataclass(frozen=True)
 class RankingError:
     """Measured ranking errors by kind of sweep, in-scale and (optionally) across scales.
@@ -109,15 +159,19 @@ class RankingError:
         kinds: kind → :class:`KindError`, measured on held-out predictions at the
             calibrated scale (``source`` says how they were held out).
         cross_scale: kind → :class:`KindError` measured across scales (refit without one
-            TPP or model size, pairs within its sweeps), for runs off the calibrated scale.
+            TPP or model size, pairs within its sweeps), pooled over the held-out groups.
         source: how the in-scale predictions were held out.
         cross_scale_source: how the cross-scale ones were.
+        cross_groups: the same per held-out group, with where each lay: a run off the
+            calibrated scale gets the error of the groups held out in the same situation
+            (inside the calibrated range or beyond it) at least as far away as it is.
     """
 
     kinds: Mapping[str, KindError] = field(default_factory=dict)
     cross_scale: Optional[Mapping[str, KindError]] = None
     source: str = "leave-one-sweep-out"
     cross_scale_source: Optional[str] = None
+    cross_groups: tuple[HeldOutGroup, ...] = ()
 
     def __post_init__(self) -> None:
         for table in (self.kinds, self.cross_scale or {}):
@@ -125,16 +179,19 @@ class RankingError:
             if unknown:
                 raise ValueError(f"ranking_error: unknown sweep kind(s) {unknown}; known: {list(SWEEP_KINDS)}")
         object.__setattr__(self, "kinds", dict(self.kinds))
+        object.__setattr__(self, "cross_groups", tuple(self.cross_groups))
         if self.cross_scale is not None:
             object.__setattr__(self, "cross_scale", dict(self.cross_scale))
 
-    def scale_at(self, stop_fraction: float, kind: str, *, off_scale: bool = False) -> tuple[Optional[float], str]:
+    def scale_at(self, stop_fraction: float, kind: str, *, off_scale: bool = False,
+                 positions: Sequence[Position] = ()) -> tuple[Optional[float], str]:
         """(ranking scale σ at ``stop_fraction`` for a sweep of ``kind``, its source in words).
 
         ``kind`` is one of :data:`SWEEP_KINDS` or :data:`KIND_GROUPS`; a group takes the largest
         scale of its measured members. A kind the calibration did not measure falls back to the
-        largest measured scale (and says so). With ``off_scale`` the cross-scale table is used
-        where it is measured and larger. (None, why) when nothing was measured at all.
+        largest measured scale (and says so). Off the calibrated scale (``positions``: where the
+        sweep's runs lie, or just ``off_scale``) the error of the analogous held-out groups
+        applies where it is larger (:meth:`_off_scale`). (None, why) when nothing was measured.
         """
         if not self.kinds:
             return None, "no ranking error was measured"
@@ -148,24 +205,48 @@ class RankingError:
             best = max(self.kinds, key=lambda k: self.kinds[k].at(stop_fraction))
             value = self.kinds[best].at(stop_fraction)
             words = f"no {kind} sweeps in the calibration: the largest measured ranking scale ({best})"
-        if off_scale and self.cross_scale:
-            cross = [k for k in (measured or [best]) if k in self.cross_scale]
-            if cross:
-                k = max(cross, key=lambda c: self.cross_scale[c].at(stop_fraction))  # type: ignore[index]
-                value_x = self.cross_scale[k].at(stop_fraction)  # type: ignore[index]
-                if value_x > value:
-                    return value_x, f"{k} sweeps across scales ({self.cross_scale_source or 'cross-scale'})"
+        if off_scale or positions:
+            other = self._off_scale(stop_fraction, measured or [best], positions)
+            if other is not None and other[0] > value:
+                return other
         return value, words
+
+    def _off_scale(self, s: float, kinds: Sequence[str], positions: Sequence[Position]) -> Optional[tuple[float, str]]:
+        """The largest scale of the held-out groups analogous to ``positions`` (same axis, same
+        side of the calibrated range, held out at least as far; the farthest measured when none
+        is as far), else of the pooled cross-scale table."""
+        found: list[tuple[float, str]] = []
+        for pos in positions:
+            same = [g for g in self.cross_groups if g.position.axis == pos.axis and g.position.inside == pos.inside
+                    and any(k in g.kinds for k in kinds)]
+            far = [g for g in same if g.position.distance >= pos.distance - 1e-9]
+            if same and not far:
+                farthest = max(g.position.distance for g in same)
+                far = [g for g in same if g.position.distance == farthest]
+            for g in far:
+                k = max((k for k in kinds if k in g.kinds), key=lambda k: g.kinds[k].at(s))
+                found.append((g.kinds[k].at(s), f"{k} sweeps at {g.position.axis} {g.value:g} held out "
+                              f"({g.position.words()}; this sweep: {pos.distance:.2f})"))
+        if found:
+            return max(found)
+        if self.cross_scale:
+            cross = [k for k in kinds if k in self.cross_scale]
+            if cross:
+                k = max(cross, key=lambda c: self.cross_scale[c].at(s))  # type: ignore[index]
+                return self.cross_scale[k].at(s), f"{k} sweeps across scales ({self.cross_scale_source or 'cross-scale'})"  # type: ignore[index]
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kinds": {k: v.to_dict() for k, v in self.kinds.items()},
                 "cross_scale": None if self.cross_scale is None else
                 {k: v.to_dict() for k, v in self.cross_scale.items()},
-                "source": self.source, "cross_scale_source": self.cross_scale_source}
+                "source": self.source, "cross_scale_source": self.cross_scale_source,
+                "cross_groups": [g.to_dict() for g in self.cross_groups]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RankingError":
         cross = data.get("cross_scale")
         return cls({k: KindError.from_dict(v) for k, v in (data.get("kinds") or {}).items()},
                    None if cross is None else {k: KindError.from_dict(v) for k, v in cross.items()},
-                   str(data.get("source", "leave-one-sweep-out")), data.get("cross_scale_source"))
+                   str(data.get("source", "leave-one-sweep-out")), data.get("cross_scale_source"),
+                   tuple(HeldOutGroup.from_dict(g) for g in data.get("cross_groups") or []))

@@ -46,3 +46,29 @@ def test_probit_scale_recovers_the_noise_of_the_order() -> None:
     assert upper >= 0.01
     # No pair with a predicted order: no evidence at all.
     assert probit_scale(np.zeros(3), np.ones(3), np.ones(3)) == (1.0, 1.0)
+
+
+def test_off_scale_runs_get_the_error_of_analogous_held_out_groups() -> None:
+    # Calibrated at TPP 20/80/200, held out one at a time: 80 was an interpolation (0.92 in
+    # log from 200), 20 and 200 extrapolations. A sweep at TPP 40 (inside, 0.69 away) gets the
+    # TPP-80 group's scale; one at TPP 400 (outside, 0.69 away) the extrapolations' (the larger
+    # of those at least as far); one at TPP 2000 (2.3 away) the farthest extrapolation measured.
+    from predictors.ranking import HeldOutGroup, Position
+
+    def k(v: float) -> KindError:
+        return KindError((0.3,), (v,), (v,), (10,), (2,))
+
+    groups = (HeldOutGroup(20.0, Position("tokens_per_param", False, 1.386), {"lambda": k(0.09)}),
+              HeldOutGroup(80.0, Position("tokens_per_param", True, 0.916), {"lambda": k(0.03)}),
+              HeldOutGroup(200.0, Position("tokens_per_param", False, 0.916), {"lambda": k(0.05)}))
+    table = RankingError({"lambda": k(0.01)}, {"lambda": k(0.09)}, cross_groups=groups)
+    assert table.scale_at(0.3, "lambda")[0] == 0.01  # at a calibrated TPP
+    inside = Position.of(40.0, [20, 80, 200], "tokens_per_param")
+    assert inside.inside and inside.distance == pytest.approx(np.log(2))
+    value, words = table.scale_at(0.3, "lambda", positions=[inside])
+    assert value == 0.03 and "80 held out" in words
+    assert table.scale_at(0.3, "lambda", positions=[Position.of(400.0, [20, 80, 200], "tokens_per_param")])[0] == 0.09
+    assert table.scale_at(0.3, "lambda", positions=[Position("tokens_per_param", False, 2.3)])[0] == 0.09
+    assert Position.of(21.0, [20, 80], "tokens_per_param") is None  # within 10%: at the calibrated scale
+    back = RankingError.from_dict(table.to_dict())
+    assert back.cross_groups == table.cross_groups
