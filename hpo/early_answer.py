@@ -52,10 +52,11 @@ def format_early_answer(answer: dict[str, Any]) -> str:
         f"trial {answer.get('trial_id')} ({config})",
         *([f"  probability that it is the best of the {answer.get('n_candidates')} trials: {100 * p_best:.0f}% "
            "(under the calibrated ranking error)"] if p_best is not None else []),
-        f"  predicted final loss {answer.get('predicted_final_loss'):.4f} "
-        f"± {answer.get('uncertainty'):.4f}"
-        + (f"; keep-margin {answer['margin_text']}" if answer.get("margin_text")
-           else f"; kept within margin {margin}" if margin not in (None, 0, 0.0) else ""),
+        f"  predicted final loss {answer.get('predicted_final_loss'):.4f} ± {answer.get('uncertainty'):.4f}"
+        + (f" (its value is uncertain by ~{100 * answer['value_error']:.1f}% at this fraction; the decision rests "
+           "on the order of the trials, which the keep-margin covers)" if answer.get("value_error") else ""),
+        f"  keep-margin {answer['margin_text']}" if answer.get("margin_text")
+        else f"  kept within margin {margin}" if margin not in (None, 0, 0.0) else "  keep-margin 0",
         *([f"  the margin exceeded the spread of the predicted finals: kept all "
            f"{len(answer.get('kept') or [])} trials"] if answer.get("kept_all") else []),
         f"  compute spent so far: {100 * float(answer.get('compute_fraction', 0.0)):.1f}% "
