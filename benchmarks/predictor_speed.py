@@ -34,7 +34,7 @@ from predictors import (  # noqa: E402
     smooth_loss,
 )
 from predictors.nqm import nqm_sample_loss  # noqa: E402
-from trainers.schedules import Schedule  # noqa: E402
+from predictors.schedules import Schedule  # noqa: E402
 
 
 def make_curves(n_curves: int, n_points: int, seed: int = 0) -> list[Curve]:

@@ -119,7 +119,10 @@ import json, math, sys, warnings
 import numpy as np
 warnings.simplefilter("ignore")
 from predictors import Controls, Curve, fit
-from trainers.schedules import Schedule
+try:  # where the schedules live since issue 18
+    from predictors.schedules import Schedule
+except ImportError:  # an older predictors/ takes them from trainers/ (extracted beside it)
+    from trainers.schedules import Schedule
 banks = json.load(open(sys.argv[1]))
 out = {}
 for name, rows in banks.items():
@@ -144,7 +147,13 @@ print(json.dumps(out, default=str))
 def baseline_fits(rev: str, banks: dict[str, tuple[list[Curve], str]]) -> dict[str, Any]:
     """The same fits with ``predictors/`` as of git revision ``rev`` (a subprocess)."""
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "predictors"],
+        # Revisions before issue 18 kept the schedules in trainers/: extract them beside the old
+        # predictors/ (this checkout's trainers/ no longer has them).
+        listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-tree", "--name-only", rev,
+                                 "trainers/__init__.py", "trainers/schedules.py"],
+                                check=True, capture_output=True, text=True).stdout.split()
+        paths = ["predictors"] + (listed if "trainers/schedules.py" in listed else [])
+        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, *paths],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         data = {name: [{"t": c.t_hat.tolist(), "y": c.loss.tolist(), "tau": c.controls.tau,
@@ -153,7 +162,7 @@ def baseline_fits(rev: str, banks: dict[str, tuple[list[Curve], str]]) -> dict[s
                 for name, (curves, _) in banks.items()}
         path = Path(tmp) / "banks.json"
         path.write_text(json.dumps(data))
-        # The old package first on the path; trainers/ (its schedules) from this checkout.
+        # The old packages first on the path, then this checkout.
         env = {**os.environ, "PYTHONPATH": f"{tmp}:{REPO_ROOT}"}
         done = subprocess.run([sys.executable, "-c", BASELINE_CHILD, str(path)], capture_output=True,
                               text=True, env=env, cwd=tmp, timeout=600)

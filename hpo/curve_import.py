@@ -32,7 +32,7 @@ import pandas as pd
 from predictors import Controls, Curve, smooth_loss
 from predictors.equations import adamw_timescale
 from predictors.normalize import T_HAT_SLACK
-from trainers.schedules import SCHEDULE_NAMES, Schedule
+from predictors.schedules import SCHEDULE_NAMES, Schedule
 
 DOCS = "configs/curves/README.md"
 REQUIRED = {

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 
 def _alphas(tau: np.ndarray, schedule: Schedule, steps: int) -> np.ndarray:

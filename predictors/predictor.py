@@ -7,6 +7,7 @@ The scheduler uses only :meth:`Predictor.load`, :meth:`Predictor.predict_final` 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -35,7 +36,9 @@ SCHEMA = "collapse-hpo/predictor"
 # Version 2 added params.irreducible_loss and decision_error.cross_scale (both optional, so
 # version-1 files still load unchanged).
 SCHEMA_VERSION = 2
-# Used when the hpo package cannot be imported (predictors must stay importable on its own).
+# The distribution whose version the provenance records, and the version recorded when it is
+# not installed (predictors must stay importable on its own).
+DISTRIBUTION = "collapse-hpo"
 FALLBACK_VERSION = "0.1.0"
 # The stop fractions at which fit() measures the decision error by default.
 DECISION_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -47,12 +50,11 @@ SCALE_TOLERANCE = 0.1
 
 
 def package_version() -> str:
-    """``hpo.__version__``, or a literal fallback when hpo cannot be imported."""
+    """The installed ``collapse-hpo`` distribution's version (from its metadata, so the
+    lowest layer never imports ``hpo``), or a literal fallback in an uninstalled checkout."""
     try:
-        from hpo import __version__
-
-        return str(__version__)
-    except Exception:  # pragma: no cover - depends on the environment
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on the environment
         return FALLBACK_VERSION
 
 

@@ -13,7 +13,7 @@ from hpo.curve_bank import load_bank, run_id_of
 from hpo.overrides import ConfigError
 from predictors import Controls, Curve, Predictor
 from predictors.surrogate import SurrogateParams
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 TINY = {
     "name": "t",

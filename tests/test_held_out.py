@@ -7,7 +7,7 @@ import pytest
 
 from hpo import held_out
 from predictors import Controls, Curve, Predictor, SurrogateParams
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 TRUTH = Predictor(SurrogateParams(0.2, -0.5, 0.3, -0.1, m=0.15))
 T = np.linspace(0.01, 1.0, 200)

@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from predictors.equations import adamw_timescale, weight_decay_for_timescale
-from trainers.schedules import Schedule, ScheduleName
+from predictors.schedules import Schedule, ScheduleName
 
 Parameterization = Literal["completep", "mup", "sp"]
 
