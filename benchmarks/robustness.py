@@ -46,7 +46,7 @@ from hpo import held_out  # noqa: E402
 from hpo.calibrate import complete_curves, load_calibration_config  # noqa: E402
 from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.scheduler_state import json_safe  # noqa: E402
-from predictors import Controls, Curve, Predictor, fit, score_curves  # noqa: E402
+from predictors import Controls, Curve, Predictor, equations, fit, score_curves  # noqa: E402
 
 FIT = {"t_min": 0.05, "fit_m": True}
 FRACTIONS = (0.1, 0.2, 0.3)
@@ -202,9 +202,9 @@ def drift_scan(l0_values: Sequence[float]) -> list[dict[str, Any]]:
             loss_ref = np.interp(grid, ref.t_hat, ref.loss)
             row = {"run": big.meta["name"], "reference": ref.meta["name"], "tau": big.controls.tau}
             for l0 in l0_values:
-                reducible = (loss_ref - l0) / (ref.final_loss - l0)
-                r = l0 / big.final_loss
-                row[f"{l0:g}"] = float(np.mean(np.abs(r + (1 - r) * reducible - ell_big)))
+                reducible = equations.reducible_normalized_loss(loss_ref, ref.final_loss, l0)
+                model = equations.loss_ratio_from_normalized(reducible, big.final_loss, l0)
+                row[f"{l0:g}"] = float(np.mean(np.abs(model - ell_big)))
             rows.append(row)
     return rows
 

@@ -9,7 +9,7 @@ when present, ``<output>/predictor.json``. Output: ``<output>/report/`` with
   fraction (audit sweeps) and notes on what "regret" means for this sweep,
 * ``curves.png``, ``normalized.png``, ``regret.png`` (see :mod:`hpo.plots`).
 
-The two selection rules of the paper (§5, digest §4.3):
+The two selection rules of the paper (§5; see docs/paper.md):
 
 * **predicted-best**: the trial with the lowest predicted final loss at the rung;
 * **current-best**: the trial with the lowest smoothed loss at the rung.

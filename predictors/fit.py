@@ -187,8 +187,7 @@ def _curve_mae(
     """
     model = _model(d, b, q, m, rows)
     if np.any(np.asarray(l0) != 0.0):
-        r = np.asarray(l0) / d.final[rows]
-        model = r + (1.0 - r) * model
+        model = equations.loss_ratio_from_normalized(model, d.final[rows], l0)
     return np.mean(np.abs(model - d.ell[rows]), axis=-1)
 
 

@@ -1,7 +1,8 @@
 """Normalisation of loss curves: smoothing, training fraction, ℓ(t̂) = L(t̂)/L(1).
 
-Paper §1.3 (digest): the collapse uses ℓ(t̂) = L(t̂T)/L(T) (Eq. 1 with L̂ = 0) after a moving
-average; for fitting the predictor the paper smooths over 12,288 sequences (App. D.1). We smooth
+Paper §2 (Eq. 1) and §3: the collapse uses ℓ(t̂) = L(t̂T)/L(T) (Eq. 1 with L̂ = 0) after a moving
+average; for fitting the predictor the paper smooths over 12,288 sequences (App. D.1; see
+docs/paper.md). We smooth
 with the project's one trailing token-window mean (``predictors.smoothing.trailing_mean``) so a
 curve looks the same to the trainer, the scheduler and the calibration.
 

@@ -1,8 +1,9 @@
 """The fitted predictor: ℓ̂ for any run's controls, final-loss prediction from a partial
 curve (paper §5 step 5), and JSON persistence (never pickle).
 
-The scheduler uses only :meth:`Predictor.load`, :meth:`Predictor.predict_final` and
-:meth:`Predictor.normalized_curve`.
+The scheduler uses :meth:`Predictor.predict_final`, :attr:`Predictor.decision_error` and
+:meth:`Predictor.relative_error`; the report also :meth:`Predictor.normalized_curve` and
+:meth:`Predictor.loss_curve`; the sweep loads the file with :meth:`Predictor.load`.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ class Predictor:
             ell = self._smoothed_ell_hat(ts, float(t[0]), controls, smoothing_window)
         else:
             ell = self._ell_hat(ts, controls)
-        reducible = ys - l0
+        reducible = equations.reducible_loss(ys, l0)
         divisor = align_divisor(reducible, ell, settings.objective)
         if not math.isfinite(divisor) or divisor <= 0:
             raise ValueError("predict_final: alignment gave a non-finite divisor")
