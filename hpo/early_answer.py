@@ -6,12 +6,12 @@ MLflow parent run, while the surviving trial keeps training.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console
+
+from predictors.io import atomic_write_json
 
 
 class EarlyAnswer:
@@ -22,10 +22,7 @@ class EarlyAnswer:
         self.tracker = tracker
 
     def __call__(self, answer: dict[str, Any]) -> None:
-        path = self.output_dir / "predicted_best.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(answer, indent=2, default=str))
-        os.replace(tmp, path)
+        atomic_write_json(self.output_dir / "predicted_best.json", answer)
         Console(stderr=False).print(format_early_answer(answer))
         if self.tracker is not None:
             try:

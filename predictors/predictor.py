@@ -12,7 +12,6 @@ import importlib.metadata
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -29,6 +28,7 @@ from predictors.align import (
     segment_indices,
 )
 from predictors.controls import Controls
+from predictors.io import atomic_write_json, json_safe, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
 from predictors.surrogate import SurrogateParams
@@ -367,7 +367,7 @@ class Predictor:
             },
             "alignment": self.align.to_dict(),
             "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
-            "provenance": _jsonable(self.provenance),
+            "provenance": json_safe(self.provenance),
         }
 
     @classmethod
@@ -398,20 +398,8 @@ class Predictor:
         return cls(params, pr.m_fitted, align, de, dict(doc.provenance))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the predictor as JSON (atomically) and return the path."""
-        path = Path(path)
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        """Write the predictor as strict JSON (atomically) and return the path."""
+        return atomic_write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Predictor":
@@ -424,7 +412,7 @@ class Predictor:
         path = Path(path)
         text = path.read_text()
         try:
-            data = json.loads(text, parse_constant=_reject_constant)
+            data = loads_strict(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON: {exc}") from None
         except ValueError as exc:
@@ -525,23 +513,3 @@ def _describe(exc: ValidationError) -> str:
     more = len(exc.errors()) - 5
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} in JSON (NaN/Infinity are not allowed)")
-
-
-def _jsonable(value: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples so json.dumps(allow_nan=False) accepts them."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [_jsonable(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
