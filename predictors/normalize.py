@@ -153,7 +153,3 @@ def normalize_loss(loss: Any, final_loss: float | None = None) -> np.ndarray:
         raise ValueError(f"normalize_loss: final loss must be finite and > 0, got {final}")
     return equations.normalized_loss(y, final)
 
-
-def resample(t_hat: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Linear interpolation of ``values`` onto ``grid`` (clamped at the ends)."""
-    return np.interp(grid, t_hat, values)

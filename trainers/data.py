@@ -151,13 +151,6 @@ def split_corpus(tokens: torch.Tensor, val_fraction: float) -> tuple[torch.Tenso
     return tokens[:-n_val], tokens[-n_val:]
 
 
-def unigram_entropy(tokens: torch.Tensor | np.ndarray) -> float:
-    """Entropy of the byte distribution, in nats per byte: the loss of the best unigram model."""
-    counts = np.bincount(np.asarray(tokens, dtype=np.uint8).ravel(), minlength=256).astype(np.float64)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log(p)).sum())
-
-
 def _windows(tokens: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-byte targets (n, seq_len) int64 for windows starting at ``starts``."""
     index = starts[:, None] + torch.arange(seq_len + 1)
