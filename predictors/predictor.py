@@ -134,6 +134,25 @@ class DecisionError:
 class Predictor:
     """A fitted collapse surrogate plus how to align partial curves to it.
 
+    Example:
+        A run that follows ℓ̂ exactly with final loss 1.7, seen up to t̂ = 0.3: the predicted
+        final loss is 1.7, and an uncalibrated predictor states only the alignment residual.
+
+        >>> from predictors import Controls, Predictor, SurrogateParams
+        >>> from predictors.schedules import Schedule
+        >>> predictor = Predictor(SurrogateParams(b_const=0.2, b_exp=-0.5, q_const=0.3, q_exp=-0.1))
+        >>> controls = Controls(tau=0.3, tokens_per_param=20, schedule=Schedule("linear"))
+        >>> t_hat = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+        >>> loss = 1.7 * predictor.normalized_curve(t_hat, controls)
+        >>> p = predictor.predict_final(t_hat, loss, controls)
+        >>> round(p.final_loss, 6), round(p.uncertainty, 6), p.n_points
+        (1.7, 0.0, 3)
+        >>> round(float(predictor.loss_curve([1.0], controls, p.final_loss)[0]), 6)
+        1.7
+
+        ``Predictor.load(path)`` reads a calibrated predictor (``configs/predictors/default.json``
+        is the shipped one) and ``save(path)`` writes one.
+
     Args:
         params: b_const, b_exp, q_const, q_exp and the constants m, ε1, ε2 (Eq. 4–5).
         m_fitted: whether m was fitted ("five-parameter mode") or fixed.
