@@ -110,8 +110,9 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
 
     default = SchedulerSettings()
     out: list[Setting] = []
-    rung_sets = [(0.1,), (0.2,), (0.3,), (0.1, 0.2), (0.2, 0.3), (0.1, 0.2, 0.3)]
-    zs = (0.0, 0.5, 1.0, 2.0, 3.0)
+    rung_sets = [(0.1,), (0.2,), (0.3,), (0.1, 0.2), (0.2, 0.3), (0.1, 0.2, 0.3), (0.1, 0.3, 0.5),
+                 (0.1, 0.2, 0.3, 0.5)]
+    zs = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
     rfs = (2.0, 3.0)
     if quick:
         rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.margin_z), (default.reduction_factor,)

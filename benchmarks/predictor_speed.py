@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hpo.tables import markdown_table  # noqa: E402
 from predictors import (  # noqa: E402
     AlignSettings,
     Controls,
@@ -34,7 +35,7 @@ from predictors import (  # noqa: E402
     smooth_loss,
 )
 from predictors.nqm import nqm_sample_loss  # noqa: E402
-from trainers.schedules import Schedule  # noqa: E402
+from predictors.schedules import Schedule  # noqa: E402
 
 
 def make_curves(n_curves: int, n_points: int, seed: int = 0) -> list[Curve]:
@@ -132,10 +133,8 @@ def alignment_study() -> None:
         r = fit(ref, fit_m=fm, decision_fractions=())
         rows = _study_errors(r.predictor, test, window)
         print(f"\n{title} (fitted m = {r.predictor.params.m:.3f}, fit MAE {100 * r.fit_mae:.2f}%)")
-        print("| method | RMS rel. error of the predicted final at s = 0.1 / 0.2 / 0.3 / 0.5 (%) |")
-        print("|---|---|")
-        for name, e in rows.items():
-            print(f"| {name} | " + " / ".join(f"{100 * x:.2f}" for x in e) + " |")
+        print(markdown_table(["method", "RMS rel. error of the predicted final at s = 0.1 / 0.2 / 0.3 / 0.5 (%)"],
+                             [[name, " / ".join(f"{100 * x:.2f}" for x in e)] for name, e in rows.items()]))
         sys.stdout.flush()
 
 

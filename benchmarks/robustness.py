@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import pandas as pd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -45,8 +44,9 @@ sys.path.insert(0, str(REPO_ROOT))
 from hpo import held_out  # noqa: E402
 from hpo.calibrate import complete_curves, load_calibration_config  # noqa: E402
 from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
-from hpo.scheduler_state import json_safe  # noqa: E402
-from predictors import Controls, Curve, Predictor, fit, score_curves  # noqa: E402
+from hpo.tables import markdown_table  # noqa: E402
+from predictors import Controls, Curve, Predictor, equations, fit, score_curves  # noqa: E402
+from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 FIT = {"t_min": 0.05, "fit_m": True}
 FRACTIONS = (0.1, 0.2, 0.3)
@@ -119,7 +119,10 @@ import json, math, sys, warnings
 import numpy as np
 warnings.simplefilter("ignore")
 from predictors import Controls, Curve, fit
-from trainers.schedules import Schedule
+try:  # where the schedules live since issue 18
+    from predictors.schedules import Schedule
+except ImportError:  # an older predictors/ takes them from trainers/ (extracted beside it)
+    from trainers.schedules import Schedule
 banks = json.load(open(sys.argv[1]))
 out = {}
 for name, rows in banks.items():
@@ -144,7 +147,13 @@ print(json.dumps(out, default=str))
 def baseline_fits(rev: str, banks: dict[str, tuple[list[Curve], str]]) -> dict[str, Any]:
     """The same fits with ``predictors/`` as of git revision ``rev`` (a subprocess)."""
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "predictors"],
+        # Revisions before issue 18 kept the schedules in trainers/: extract them beside the old
+        # predictors/ (this checkout's trainers/ no longer has them).
+        listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-tree", "--name-only", rev,
+                                 "trainers/__init__.py", "trainers/schedules.py"],
+                                check=True, capture_output=True, text=True).stdout.split()
+        paths = ["predictors"] + (listed if "trainers/schedules.py" in listed else [])
+        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, *paths],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         data = {name: [{"t": c.t_hat.tolist(), "y": c.loss.tolist(), "tau": c.controls.tau,
@@ -153,7 +162,7 @@ def baseline_fits(rev: str, banks: dict[str, tuple[list[Curve], str]]) -> dict[s
                 for name, (curves, _) in banks.items()}
         path = Path(tmp) / "banks.json"
         path.write_text(json.dumps(data))
-        # The old package first on the path; trainers/ (its schedules) from this checkout.
+        # The old packages first on the path, then this checkout.
         env = {**os.environ, "PYTHONPATH": f"{tmp}:{REPO_ROOT}"}
         done = subprocess.run([sys.executable, "-c", BASELINE_CHILD, str(path)], capture_output=True,
                               text=True, env=env, cwd=tmp, timeout=600)
@@ -193,9 +202,9 @@ def drift_scan(l0_values: Sequence[float]) -> list[dict[str, Any]]:
             loss_ref = np.interp(grid, ref.t_hat, ref.loss)
             row = {"run": big.meta["name"], "reference": ref.meta["name"], "tau": big.controls.tau}
             for l0 in l0_values:
-                reducible = (loss_ref - l0) / (ref.final_loss - l0)
-                r = l0 / big.final_loss
-                row[f"{l0:g}"] = float(np.mean(np.abs(r + (1 - r) * reducible - ell_big)))
+                reducible = equations.reducible_normalized_loss(loss_ref, ref.final_loss, l0)
+                model = equations.loss_ratio_from_normalized(reducible, big.final_loss, l0)
+                row[f"{l0:g}"] = float(np.mean(np.abs(model - ell_big)))
             rows.append(row)
     return rows
 
@@ -218,54 +227,45 @@ def render(report: dict[str, Any]) -> str:
              "## 1. Degenerate banks (five-parameter fit, t̂ ∈ [0.05, 1])", "",
              "`pred@0.1, TPP 40`: final loss predicted from the first 10% of the bank's first curve with "
              "its TPP replaced by 40 (a TPP no bank holds); its true final is given for scale.", ""]
-    head = "| bank | how built | now | fixed / logged | fit MAE | q_exp, m | pred@0.1, TPP 40 (true) |"
-    sep = "|---|---|---|---|---|---|---|"
+    headers = ["bank", "how built", "now", "fixed / logged", "fit MAE", "q_exp, m", "pred@0.1, TPP 40 (true)"]
     if report["baseline"]:
-        head += f" before ({report['baseline']}) | before: q_exp, m | before: pred@0.1, TPP 40 |"
-        sep += "---|---|---|"
-    lines += [head, sep]
+        headers += [f"before ({report['baseline']})", "before: q_exp, m", "before: pred@0.1, TPP 40"]
+    rows = []
     for name, row in report["degenerate"].items():
         now = row["now"]
         logged = "; ".join(now.get("notes", [])) or "—"
-        cells = [name, row["how"], now["outcome"] if now["outcome"] in ("finite", "NON-FINITE") else now["outcome"],
-                 logged, _pct(now.get("fit_mae")), _params(now.get("params")),
+        cells = [name, row["how"], now["outcome"], logged, _pct(now.get("fit_mae")), _params(now.get("params")),
                  (f"{now['pred_tpp40_at_0.1']:.4f} ({now['true_final']:.4f})" if "pred_tpp40_at_0.1" in now else "—")]
         if report["baseline"]:
             before = row.get("before", {})
             cells += [before.get("outcome", "—"), _params(before.get("params")),
                       f"{before['pred_tpp40_at_0.1']:.4f}" if "pred_tpp40_at_0.1" in before else "—"]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        rows.append(cells)
+    lines.append(markdown_table(headers, rows))
+    coverage = [[bank, label, s, int(row["n"]), _pct(row["rms"]), _pct(row["1σ"], 0), _pct(row["2σ"], 0)]
+                for bank, by_label in report["coverage"].items()
+                for label, by_s in by_label.items()
+                for s, row in by_s.items()]
     lines += ["", "## 2. Coverage of the stated intervals (shipped predictor)", "",
               "Fraction of true finals inside predicted ± z·σ (σ as `predict_final` states it). ‘as stated’: "
               "with the cross-scale error for runs off the predictor's scale (another TPP or model size); "
               "‘in-scale e(s) only’: what the predictor stated before it carried a cross-scale error.", "",
-              "| bank | stated e(s) | s | n | RMS error | ±1σ | ±2σ |", "|---|---|---|---|---|---|---|"]
-    for bank, by_label in report["coverage"].items():
-        for label, by_s in by_label.items():
-            for s, row in by_s.items():
-                lines.append(f"| {bank} | {label} | {s} | {int(row['n'])} | {_pct(row['rms'])} | "
-                             f"{_pct(row['1σ'], 0)} | {_pct(row['2σ'], 0)} |")
+              markdown_table(["bank", "stated e(s)", "s", "n", "RMS error", "±1σ", "±2σ"], coverage)]
+    transfer = [[row["bank"], row["predictor"], row["n"], row["error"], "", ""] if "error" in row else
+                [row["bank"], row["predictor"], row["n"], _pct(row["mae"]), _pct(row["oracle"]), f"{row['ratio']:.2f}×"]
+                for row in report["transfer"]]
     lines += ["", "## 3. Irreducible loss L̂ and transfer", "",
               f"Predictors: shipped (L̂ = 0); ‘L̂ fitted’ = refit on the same 42 reference curves with "
               f"L̂ free: {report['l0_predictor']}.", "",
-              "| held-out bank | predictor | n | MAE | oracle MAE | ratio (target ≤ 2×) |", "|---|---|---|---|---|---|"]
-    for row in report["transfer"]:
-        if "error" in row:
-            lines.append(f"| {row['bank']} | {row['predictor']} | {row['n']} | {row['error']} | | |")
-        else:
-            lines.append(f"| {row['bank']} | {row['predictor']} | {row['n']} | {_pct(row['mae'])} | "
-                         f"{_pct(row['oracle'])} | {row['ratio']:.2f}× |")
+              markdown_table(["held-out bank", "predictor", "n", "MAE", "oracle MAE", "ratio (target ≤ 2×)"], transfer)]
     l0s = report["drift_l0"]
+    drift = [[row["run"], row["reference"], f"{row['tau']:g}", *(_pct(row[v]) for v in l0s)] for row in report["drift"]]
+    means = {v: float(np.mean([r[v] for r in report["drift"]])) for v in l0s}
+    drift.append(["mean", "", "", *(f"**{_pct(means[v])}**" for v in l0s)])
     lines += ["", "Width-to-width drift without a predictor (d 160 vs d 64 at TPP 20, same τ, η = 0.01, "
               "B = 2,048): MAE over t̂ ∈ [0.2, 1] between the d-160 curve's L/L(1) and the d-64 curve "
               "renormalised with a common L̂ (Eq. 1 with the offset).", "",
-              "| d-160 run | d-64 run | τ | " + " | ".join(f"L̂ = {v}" for v in l0s) + " |",
-              "|---|---|---|" + "---|" * len(l0s)]
-    for row in report["drift"]:
-        lines.append(f"| {row['run']} | {row['reference']} | {row['tau']:g} | "
-                     + " | ".join(_pct(row[v]) for v in l0s) + " |")
-    means = {v: float(np.mean([r[v] for r in report["drift"]])) for v in l0s}
-    lines.append("| mean | | | " + " | ".join(f"**{_pct(means[v])}**" for v in l0s) + " |")
+              markdown_table(["d-160 run", "d-64 run", "τ", *(f"L̂ = {v}" for v in l0s)], drift)]
     lines.append("")
     return "\n".join(lines)
 
@@ -295,11 +295,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     text = render(report)
     print(text)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "robustness.json").write_text(json.dumps(json_safe(report), indent=2, allow_nan=False))
-    (out / "robustness.md").write_text(text)
+    atomic_write_json(out / "robustness.json", report)
+    atomic_write_text(out / "robustness.md", text)
     if args.md:
-        Path(args.md).write_text(text)
+        atomic_write_text(args.md, text)
     return report
 
 

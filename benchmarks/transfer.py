@@ -35,7 +35,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -48,10 +47,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from hpo import held_out  # noqa: E402
-from hpo.curve_bank import bank_curves, load_bank  # noqa: E402
+from hpo.calibrate import load_calibration_config  # noqa: E402
+from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo import rules  # noqa: E402
-from hpo.scheduler_state import json_safe  # noqa: E402
-from predictors import Curve, Predictor, score_curves  # noqa: E402
+from hpo.tables import markdown_table  # noqa: E402
+from predictors import Curve, Predictor, equations, score_curves  # noqa: E402
+from predictors.io import atomic_write_json, atomic_write_text, atomic_write_with  # noqa: E402
 from predictors.predictor import DECISION_FRACTIONS  # noqa: E402
 
 # Paper Table 11's bar: the predictor's MAE within 2× of the oracle's.
@@ -103,9 +104,6 @@ def load_curves(path: Path) -> tuple[list[Curve], dict[str, int]]:
 
 def configured_run_ids(config_path: Path) -> tuple[set[str], Path]:
     """Run ids a calibration config lists, and its bank path (resolved from the repo root)."""
-    from hpo.calibrate import load_calibration_config  # here: it imports Ray
-    from hpo.curve_bank import run_id_of
-
     config = load_calibration_config(str(config_path))
     bank = Path(config.bank)
     return {run_id_of(c) for c in config.runs()}, (bank if bank.is_absolute() else REPO_ROOT / bank)
@@ -251,15 +249,6 @@ def _pct(value: Optional[float], signed: bool = False) -> str:
     return f"{100 * value:+.2f}%" if signed else f"{100 * value:.2f}%"
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table padded so it also reads as plain text."""
-    cells = [list(headers)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-                      *(line(r) for r in cells[1:])])
-
-
 def curve_table(rows: Sequence[CurveScore], fractions: Sequence[float]) -> str:
     headers = ["run", "d_model", "N", "TPP", "τ", "pred MAE", "oracle MAE", "ratio",
                *(f"err@{s:g}" for s in fractions)]
@@ -302,8 +291,8 @@ def plot_normalized(curves: Sequence[Curve], predictor: Predictor, t_min: float,
             mask = curve.t_hat >= t_min
             t, ell = curve.t_hat[mask], curve.normalized[mask]
             ax.plot(t, ell, color=colour, lw=1.2, label=f"τ={curve.controls.tau:g}")
-            ax.plot(t, predictor.loss_curve(t, curve.controls, curve.final_loss) / curve.final_loss,
-                    color=colour, lw=1, ls="--")
+            predicted = predictor.loss_curve(t, curve.controls, curve.final_loss)
+            ax.plot(t, equations.normalized_loss(predicted, curve.final_loss), color=colour, lw=1, ls="--")
             lows.append(float(ell.min()))
             highs.append(float(ell.max()))
         ax.set_title(f"TPP ≈ {tpp} (solid: run, dashed: predictor)")
@@ -314,14 +303,13 @@ def plot_normalized(curves: Sequence[Curve], predictor: Predictor, t_min: float,
     for ax in axes[0]:
         ax.set_ylim(min(lows) - 0.01, min(max(highs), 2.0) + 0.02)
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=list(axes[0]), label="τ")
-    fig.savefig(path, dpi=110)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
 
 
 def write_outputs(out: Path, report: dict[str, Any], markdown: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "transfer.md").write_text(markdown)
-    (out / "transfer.json").write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
+    atomic_write_text(out / "transfer.md", markdown)
+    atomic_write_json(out / "transfer.json", report)
 
 
 # ------------------------------------------------------------------------ main
@@ -421,13 +409,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "",
         "## Direct collapse check (no predictor): held-out vs reference curve, same TPP, τ, η",
         "",
-        "| run | reference run | TPP | τ | B / reference B | final | reference final | MAE of ℓ from "
-        f"{t_min:g} | MAE of ℓ from 0.2 |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *[f"| {r['run_id']} | {r['reference_run_id']} | {r['tokens_per_param']:g} | {r['tau']:g} | "
-          f"{r['batch_size']:.0f} / {r['reference_batch_size']:.0f} | "
-          f"{r['final_loss']:.4f} | {r['reference_final_loss']:.4f} | {_pct(r[f'mae_from_{t_min:g}'])} | "
-          f"{_pct(r['mae_from_0.2'])} |" for r in collapse_rows],
+        markdown_table(
+            ["run", "reference run", "TPP", "τ", "B / reference B", "final", "reference final",
+             f"MAE of ℓ from {t_min:g}", "MAE of ℓ from 0.2"],
+            [[r["run_id"], r["reference_run_id"], f"{r['tokens_per_param']:g}", f"{r['tau']:g}",
+              f"{r['batch_size']:.0f} / {r['reference_batch_size']:.0f}", f"{r['final_loss']:.4f}",
+              f"{r['reference_final_loss']:.4f}", _pct(r[f"mae_from_{t_min:g}"]), _pct(r["mae_from_0.2"])]
+             for r in collapse_rows]),
         "",
     ]
     if shipped is not None:

@@ -3,32 +3,29 @@
 A calibration is a base trainer config plus a grid (cartesian product over trainer fields,
 typically τ × TPP × LR or batch size, on the decay-to-zero schedule) and seeds. Runs whose
 resolved config is already in the curve bank are skipped, so re-running a calibration only
-trains what is missing; ``--fit-only`` refits from the bank alone.
+trains what is missing (:mod:`hpo.banking`, the only part that needs Ray and torch, imported
+only then); ``--fit-only`` refits from the bank alone and ``--from-curves`` fits a user's
+curves, neither of which imports Ray or torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import os
-import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from ray import tune
 
 from hpo import held_out
-from hpo.curve_bank import append_runs, bank_curves, curve_frame, load_bank, run_id_of
+from hpo.curve_bank import bank_curves, load_bank, run_id_of
 from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
 from hpo.sweep_config import merge_trial
-from hpo.trainable import CollapseTrainable, short_trial_dirname
-from predictors import fit
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from hpo.tables import markdown_table
+from predictors import equations, fit
+from predictors.io import atomic_write_json, atomic_write_text, atomic_write_with
 
 
 class FitSettings(BaseModel):
@@ -168,88 +165,8 @@ def _resolve(path: str) -> Path:
     return candidate if candidate.is_absolute() else (Path.cwd() / candidate).resolve()
 
 
-def run_reference_curves(config: CalibrationConfig, bank_path: Path, sweep_name: str) -> int:
-    """Train every run not yet in the bank through Ray Tune; return how many were added."""
-    import ray
-
-    todo = [c for c in config.runs() if run_id_of(c) not in set(load_bank(bank_path)["run_id"])]
-    if not todo:
-        return 0
-    print(f"calibration: {len(todo)} runs to train ({len(config.runs()) - len(todo)} already banked)")
-    collector = CurveCollector(bank_path, sweep_name)
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=config.num_cpus or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False)
-    space = {"_run": tune.grid_search(todo)}
-    trainable = tune.with_resources(CalibrationTrainable, {"cpu": config.cpus_per_run})
-    tuner = tune.Tuner(
-        trainable, param_space=space,
-        tune_config=tune.TuneConfig(num_samples=1, trial_dirname_creator=short_trial_dirname),
-        run_config=tune.RunConfig(name=sweep_name, storage_path=str(_output(config) / "ray"),
-                                  verbose=0, callbacks=[collector]),
-    )
-    tuner.fit()
-    return collector.added
-
-
 def _output(config: CalibrationConfig) -> Path:
     return _resolve(config.output_dir or f"runs/calibration/{config.name}")
-
-
-class CalibrationTrainable(CollapseTrainable):
-    """Our trainable, configured by one whole resolved trainer config (``_run``)."""
-
-    def _build(self, config: dict[str, Any]) -> None:
-        self._base_trainer = config["_run"]
-        self._run = config["_run"]
-        super()._build({})
-
-    def step(self) -> dict[str, Any]:
-        result = super().step()
-        result["run_id"] = run_id_of(self._run)
-        result["config_json"] = json.dumps(self._run, sort_keys=True)
-        result["corpus_hash"] = getattr(self.trainer, "corpus_hash", None) or getattr(
-            getattr(self.trainer, "corpus", None), "sha256", "")
-        result["d_model"] = int(self._run["model"]["d_model"])
-        result["n_layers"] = int(self._run["model"]["n_layers"])
-        result["seq_len"] = int(self._run["model"]["seq_len"])
-        return result
-
-
-def _trial_key(trial: Any) -> str:
-    return str(trial.trial_id)
-
-
-class CurveCollector(tune.Callback):
-    """Driver-side: gathers each trial's results and banks the curve when it ends."""
-
-    def __init__(self, bank_path: Path, sweep_name: str) -> None:
-        self.bank_path = Path(bank_path)
-        self.sweep_name = sweep_name
-        self.points: dict[str, list[dict[str, Any]]] = {}
-        self.added = 0
-        self._start = time.time()
-
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        self.points.setdefault(_trial_key(trial), []).append(dict(result))
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        points = self.points.pop(_trial_key(trial), [])
-        if not points:
-            return
-        last = points[-1]
-        run = {k: last.get(k) for k in (
-            "run_id", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
-            "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
-            "seq_len", "seed", "data_seed", "corpus_hash", "config_json")}
-        run["sweep"] = self.sweep_name
-        run["status"] = "diverged" if last.get("diverged") else "completed"
-        append_runs(self.bank_path, [curve_frame(run, points)])
-        self.added += 1
-        done = sum(1 for t in trials if t.status == "TERMINATED")
-        print(f"  banked {run['run_id']} (τ={run['tau']:.3g}, TPP={run['tokens_per_param']:.0f}, "
-              f"final {last.get('loss', float('nan')):.4f}, {run['status']}) "
-              f"[{done}/{len(trials)} done, {time.time() - self._start:.0f}s]", flush=True)
 
 
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
@@ -310,12 +227,11 @@ def fit_and_report(
         if ranking is None:
             notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
                          "only one of η, B, λ at one TPP, size and seed)")
-    predictor_path.parent.mkdir(parents=True, exist_ok=True)
     chosen.predictor.save(predictor_path)
     summary = _calibration_summary(curves, results, chosen_mode, held, notes)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "calibration.json").write_text(json.dumps(summary, indent=2, default=float))
-    _write_markdown(out / "calibration.md", summary)
+    # Strict JSON: a coverage or error that could not be measured is null, never a bare NaN.
+    atomic_write_json(out / "calibration.json", summary)
+    atomic_write_text(out / "calibration.md", calibration_markdown(summary))
     _plot_normalized(curves, chosen.predictor, out / "normalized.png")
     summary["predictor"] = str(predictor_path)
     summary["report_dir"] = str(out)
@@ -337,18 +253,6 @@ def complete_curves(curves: list) -> tuple[list, list[str]]:
         else:
             complete.append(curve)
     return complete, notes
-
-
-def leave_one_out_decision_error(curves: list, *, t_min: float, fit_m: bool,
-                                 fractions: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)) -> Any:
-    """Relative error of the final loss predicted from the first s of each curve, with the
-    predictor refitted without that curve: the error a new run of this family will see.
-
-    The scheduler reads a rung at the first point at or past s, so the held-out curve is cut
-    the same way. Returns a ``DecisionError`` (RMS, with the mean as ``bias``).
-    """
-    loo = held_out.leave_one_out(curves, fit_kwargs={"t_min": t_min, "fit_m": fit_m}, fractions=fractions)
-    return held_out.decision_error_table(loo)
 
 
 def _choose_mode(results: dict[bool, Any], preferred: bool) -> bool:
@@ -437,44 +341,43 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
     }
 
 
-def _write_markdown(path: Path, summary: dict[str, Any]) -> None:
+def calibration_markdown(summary: dict[str, Any]) -> str:
+    """The text of ``calibration.md`` for a :func:`fit_and_report` summary."""
+    modes = summary["modes"]
     lines = [f"# Calibration ({summary['n_curves']} curves)", "",
              f"Chosen mode: **{summary['chosen_mode']}**", "",
              "Decision-fraction error: RMS relative error of the final loss predicted from the first s",
              "of each curve (source given per mode; leave-one-out refits without the curve).", "",
-             "| mode | fit MAE | oracle MAE | decision-fraction error | source |", "|---|---|---|---|---|"]
-    for mode, info in summary["modes"].items():
-        errors = ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in info["decision_error"].items())
-        lines.append(f"| {mode} | {100 * info['fit_mae']:.2f}% | {100 * info['oracle_mae']:.2f}% | {errors} "
-                     f"| {info.get('decision_error_source')} |")
+             markdown_table(
+                 ["mode", "fit MAE", "oracle MAE", "decision-fraction error", "source"],
+                 [[mode, f"{100 * info['fit_mae']:.2f}%", f"{100 * info['oracle_mae']:.2f}%",
+                   ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in info["decision_error"].items()),
+                   info.get("decision_error_source")] for mode, info in modes.items()])]
     lines += ["", "Cross-scale error (refit without one TPP or model size, predict it; stated for runs away "
               "from the calibrated scale):", ""]
-    for mode, info in summary["modes"].items():
+    for mode, info in modes.items():
         for scheme, errors in info.get("cross_scale_by_scheme", {}).items():
             lines.append(f"- {mode}, {scheme}: " + ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in errors.items()))
         if not info.get("cross_scale_by_scheme"):
             lines.append(f"- {mode}: not measured (the bank has one TPP and one model size, or too few curves)")
+    coverage = [[mode, scheme, label, s_, _pct(cov.get("1σ")), _pct(cov.get("2σ"))]
+                for mode, info in modes.items()
+                for scheme, by_label in info.get("coverage", {}).items()
+                for label, by_s in by_label.items()
+                for s_, cov in by_s.items()]
     lines += ["", "## Coverage of the stated intervals", "",
               "Fraction of held-out true finals inside predicted ± z·σ, σ = L̂(T)·sqrt(residual² + e(s)²) "
               "(about 68% / 95% expected for z = 1 / 2).", "",
-              "| mode | held out | stated e(s) | s | ±1σ | ±2σ |", "|---|---|---|---|---|---|"]
-    for mode, info in summary["modes"].items():
-        for scheme, by_label in info.get("coverage", {}).items():
-            for label, by_s in by_label.items():
-                for s_, cov in by_s.items():
-                    lines.append(f"| {mode} | {scheme} | {label} | {s_} | {_pct(cov.get('1σ'))} | "
-                                 f"{_pct(cov.get('2σ'))} |")
-    lines += _ranking_markdown(summary)
-    notes = summary.get("notes", []) + [n for info in summary["modes"].values() for n in info.get("fit_notes", [])]
+              markdown_table(["mode", "held out", "stated e(s)", "s", "±1σ", "±2σ"], coverage)]
+    notes = summary.get("notes", []) + [n for info in modes.values() for n in info.get("fit_notes", [])]
     if notes:
         lines += ["", "## Fit log", ""] + [f"- {n}" for n in dict.fromkeys(notes)]
-    lines += ["", "## By TPP (chosen mode)", "", "| TPP | fit MAE | oracle MAE |", "|---|---|---|"]
-    for tpp, row in summary["by_tpp"].items():
-        lines.append(f"| {tpp} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
-    lines += ["", "## By log10 τ bin (chosen mode)", "", "| log10 τ | fit MAE | oracle MAE |", "|---|---|---|"]
-    for tau, row in summary["by_tau"].items():
-        lines.append(f"| {tau} | {100 * row['fit_mae']:.2f}% | {100 * row['oracle_mae']:.2f}% |")
-    path.write_text("\n".join(lines) + "\n")
+    for title, key, first in (("By TPP", "by_tpp", "TPP"), ("By log10 τ bin", "by_tau", "log10 τ")):
+        lines += ["", f"## {title} (chosen mode)", "",
+                  markdown_table([first, "fit MAE", "oracle MAE"],
+                                 [[k, f"{100 * row['fit_mae']:.2f}%", f"{100 * row['oracle_mae']:.2f}%"]
+                                  for k, row in summary[key].items()])]
+    return "\n".join(lines) + "\n"
 
 
 def _ranking_markdown(summary: dict[str, Any]) -> list[str]:
@@ -525,15 +428,15 @@ def _plot_normalized(curves: list, predictor: Any, path: Path) -> None:
             colour = cmap(taus.index(curve.controls.tau) / max(1, len(taus) - 1))
             mask = curve.t_hat >= 0.05
             ax.plot(curve.t_hat[mask], curve.normalized[mask], color=colour, lw=1, alpha=0.8)
-            ax.plot(curve.t_hat[mask],
-                    predictor.loss_curve(curve.t_hat[mask], curve.controls, curve.final_loss) / curve.final_loss,
+            predicted = predictor.loss_curve(curve.t_hat[mask], curve.controls, curve.final_loss)
+            ax.plot(curve.t_hat[mask], equations.normalized_loss(predicted, curve.final_loss),
                     color=colour, lw=1, ls="--")
         ax.set_title(f"TPP ≈ {tpp} (solid: runs, dashed: ℓ̂)")
         ax.set_xlabel("training fraction t̂")
         ax.set_ylabel("L(t̂)/L(1)")
         ax.set_ylim(0.95, 1.6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
 
 
@@ -541,7 +444,10 @@ def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool 
     config = load_calibration_config(config_path, overrides)
     bank_path = _resolve(config.bank)
     if not fit_only:
-        added = run_reference_curves(config, bank_path, config.name)
+        from hpo.banking import run_reference_curves  # Ray and torch: only when runs are trained
+
+        added = run_reference_curves(config.runs(), bank_path, config.name, storage=_output(config) / "ray",
+                                     num_cpus=config.num_cpus, cpus_per_run=config.cpus_per_run)
         print(f"calibration: banked {added} new curves in {bank_path}")
     if config.predictor_out is None:
         frame = load_bank(bank_path)

@@ -32,7 +32,7 @@ import pandas as pd
 from predictors import Controls, Curve, smooth_loss
 from predictors.equations import adamw_timescale
 from predictors.normalize import T_HAT_SLACK
-from trainers.schedules import SCHEDULE_NAMES, Schedule
+from predictors.schedules import SCHEDULE_NAMES, Schedule
 
 DOCS = "configs/curves/README.md"
 REQUIRED = {
@@ -73,7 +73,26 @@ class ImportedCurves:
 
 
 def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0) -> ImportedCurves:
-    """Read a ``.csv`` or ``.parquet`` curve file (never pickle) and build its curves."""
+    """Read a ``.csv`` or ``.parquet`` curve file (never pickle) and build its curves.
+
+    Example:
+        Two runs logged by training fraction, one complete and one stopped at t̂ = 0.5 (left
+        out with a note, since a fit needs whole curves):
+
+        >>> import tempfile
+        >>> import pandas as pd
+        >>> rows = [{"run_id": run, "train_fraction": k / 10, "loss": 3.0 - 0.1 * k, "tau": 0.3,
+        ...          "tokens_per_param": 20, "n_params": 100_000, "schedule": "linear"}
+        ...         for run, last in (("full", 10), ("stopped", 5)) for k in range(1, last + 1)]
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = Path(tmp) / "curves.csv"
+        ...     pd.DataFrame(rows).to_csv(path, index=False)
+        ...     imported = load_curves_file(path)
+        >>> [(c.meta["name"], len(c.t_hat), c.final_loss, c.controls.tau) for c in imported.curves]
+        [('full', 10, 2.0, 0.3)]
+        >>> imported.notes
+        ['run stopped: ends at t̂ = 0.5, before the end of training; left out']
+    """
     path = Path(path)
     if not path.exists():
         raise CurveImportError(f"{path}: no such curve file")

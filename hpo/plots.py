@@ -1,5 +1,6 @@
 """The report's PNG plots (matplotlib, Agg canvas; pyplot and its global state are not used,
-so drawing is safe in a headless process and inside Ray's driver).
+so drawing is safe in a headless process and inside Ray's driver). They draw what
+:mod:`hpo.analysis` computed; :mod:`hpo.report` calls them.
 
 * :func:`plot_curves`     raw smoothed loss vs t̂ for every trial, rungs as vertical lines;
 * :func:`plot_normalized` each curve divided by its final loss (or latest predicted final),
@@ -13,13 +14,16 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from hpo.analysis import clean_history, controls_of, is_diverged
 from hpo.scheduler_state import TrialRecord
+from predictors import equations
+from predictors.io import atomic_write_with
 
 RULE_STYLE = {
     "predicted_best": {"label": "predicted-best", "color": "tab:blue", "marker": "o"},
@@ -38,12 +42,6 @@ def _colors(n: int) -> list[Any]:
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
     return [cmap(i % cmap.N) for i in range(max(n, 1))]
-
-
-def _history(rec: TrialRecord) -> tuple[np.ndarray, np.ndarray]:
-    from hpo.report import clean_history
-
-    return clean_history(rec.history)
 
 
 def _legend(ax: Any, n: int) -> None:
@@ -68,10 +66,7 @@ def _robust_ylim(ax: Any, values: list[np.ndarray], low_pad: float = 0.02, q: fl
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def _message(ax: Any, text: str) -> None:
@@ -90,10 +85,10 @@ def plot_curves(trials: Sequence[TrialRecord], labels: dict[str, str], rungs: Se
     ys: list[np.ndarray] = []
     drawn = 0
     for color, rec in zip(colors, trials):
-        t, y = _history(rec)
+        t, y = clean_history(rec.history)
         if len(t) == 0:
             continue
-        diverged = rec.status == "diverged" or rec.diverged_at is not None
+        diverged = is_diverged(rec)
         label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
         if diverged:
             label += " (diverged)"
@@ -124,7 +119,6 @@ def plot_normalized(
     divisors: dict[str, tuple[float, str]],
     predictor: Any,
     path: Path,
-    controls_of: Optional[Callable[[TrialRecord], Any]] = None,
 ) -> Path:
     """Each curve divided by its final loss (solid) or by its latest predicted final loss
     (thin); ℓ̂ of each distinct controls dashed (when a predictor is given)."""
@@ -134,22 +128,23 @@ def plot_normalized(
     ys: list[np.ndarray] = []
     drawn = 0
     for rec in trials:
-        t, y = _history(rec)
+        t, y = clean_history(rec.history)
         if len(t) == 0 or rec.trial_id not in divisors:
             continue
         div, kind = divisors[rec.trial_id]
         label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
         label += " (÷ final)" if kind == "final" else " (÷ predicted final)"
-        ax.plot(t, y / div, color=color_of[rec.trial_id], lw=1.3 if kind == "final" else 0.9,
+        ell = equations.normalized_loss(y, div)
+        ax.plot(t, ell, color=color_of[rec.trial_id], lw=1.3 if kind == "final" else 0.9,
                 alpha=1.0 if kind == "final" else 0.8, label=label)
-        ys.append((y / div)[t >= 0.05] if np.any(t >= 0.05) else y / div)
+        ys.append(ell[t >= 0.05] if np.any(t >= 0.05) else ell)
         drawn += 1
 
     n_overlay = 0
-    if predictor is not None and controls_of is not None:
+    if predictor is not None:
         groups: dict[str, list[TrialRecord]] = {}
         for rec in trials:
-            if rec.controls and rec.status != "diverged" and rec.diverged_at is None:
+            if rec.controls and not is_diverged(rec):
                 groups.setdefault(json.dumps(rec.controls, sort_keys=True, default=str), []).append(rec)
         grid = np.linspace(0.01, 1.0, 200)
         for recs in groups.values():
@@ -162,7 +157,7 @@ def plot_normalized(
                 if callable(loss_curve) and recs[0].trial_id in divisors:
                     # With an irreducible loss L̂ the predicted L/L(T) depends on L(T) itself.
                     div = divisors[recs[0].trial_id][0]
-                    ell = np.asarray(loss_curve(grid, controls, div), dtype=np.float64) / div
+                    ell = equations.normalized_loss(loss_curve(grid, controls, div), div)
             except Exception:  # noqa: BLE001 - skip controls the predictor cannot draw
                 continue
             c = recs[0].controls

@@ -3,7 +3,7 @@
 A sweep is a base trainer config (``trainer:``, a ``TrainConfig``) plus a search space over
 ``lr``, ``batch_size`` and one of ``weight_decay`` or ``tau`` (optionally ``seed``).
 The control held fixed is τ by default: every trial derives its own λ = B/(η·τ·D), so the
-normalised curves of the sweep share one shape and can be compared early (paper §4).
+normalised curves of the sweep share one shape and can be compared early (paper §5).
 ``trainer.tau: power_lines`` sets τ = 1.084·TPP^−0.527, the Power Lines fit (a THIRD-PARTY
 number, see ``predictors.equations.power_lines_tau``).
 """

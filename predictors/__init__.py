@@ -1,4 +1,8 @@
-"""Normalisation, the paper's collapse surrogate, its fit, alignment and persistence."""
+"""The lowest layer: the paper's equations and LR schedules, normalisation, the collapse surrogate,
+its fit, alignment and persistence, and the atomic-write/strict-JSON helpers (``predictors.io``).
+
+Imports numpy, scipy (fit only) and pydantic; never torch, Ray, ``trainers`` or ``hpo``.
+"""
 
 from predictors.align import AlignSettings, CollapseResiduals, align_divisor, collapse_residuals
 from predictors.controls import Controls

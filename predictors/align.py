@@ -21,13 +21,14 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from predictors import equations
 from predictors.controls import Controls
 from predictors.normalize import check_curve, check_t_hat
 
 Objective = Literal["log", "l2", "l1"]
 OBJECTIVES: tuple[str, ...] = ("log", "l2", "l1")
 
-# Paper §4 "Collapse results" (digest §1.4): early-align over 25–50% of training.
+# Paper §4 "Collapse results" (docs/paper.md): early-align over 25–50% of training.
 EARLY_ALIGN_WINDOW = (0.25, 0.5)
 
 
@@ -168,7 +169,7 @@ def collapse_residuals(
     divisor = align_divisor(y_keep[in_window], ref[in_window], objective)
     if not math.isfinite(divisor) or divisor <= 0:
         raise ValueError("collapse_residuals: alignment gave a non-finite divisor")
-    return CollapseResiduals(t_keep, y_keep / divisor - ref, divisor, (lo, hi))
+    return CollapseResiduals(t_keep, equations.normalized_loss(y_keep, divisor) - ref, divisor, (lo, hi))
 
 
 def check_segment(segment: Any) -> tuple[float, float]:

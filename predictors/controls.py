@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The paper's equations, in one place, named as in the paper.
 
 Bergsma et al. (2025), "Scaling with Collapse: Efficient and Predictable Training of LLM
-Families" (arXiv 2509.25087, ICLR 2026). Section numbers follow the ICLR version
-(see ``shared/research/paper.md``). Everything else in the project calls these
-functions rather than re-deriving them.
+Families" (arXiv 2509.25087, ICLR 2026). Section and equation numbers are the paper's (ICLR
+version); ``docs/paper.md`` summarises the method, the equations and what we chose where the
+paper is silent. Everything else in the project calls these functions rather than
+re-deriving them.
 
 Symbols: B tokens per optimizer step, η peak learning rate, λ AdamW weight decay,
 D total training tokens, N parameters (we use non-embedding parameters, see
@@ -35,13 +36,27 @@ def adamw_timescale(batch_tokens: float, lr: float, weight_decay: float, total_t
 
 
 def weight_decay_for_timescale(batch_tokens: float, lr: float, tau: float, total_tokens: float) -> float:
-    """λ that gives timescale τ: λ = B/(η·τ·D). Eq. 2 solved for λ (paper §4, §5)."""
+    """λ that gives timescale τ: λ = B/(η·τ·D). Eq. 2 solved for λ (paper §5: a sweep holds τ
+    fixed by deriving λ)."""
     return batch_tokens / (lr * tau * total_tokens)
+
+
+def ema_rate(lr_multiplier: Any, tau: Any, total_steps: int) -> np.ndarray:
+    """The per-step EMA rate of AdamW, α_t = η_t·λ = η(t̂)/(τ·T), with η(t̂) the peak-normalised
+    schedule: Eq. 2 read per step (paper §2; App. B.3, where τ_t = 1/(η_t·λ·T) grows as the LR
+    decays)."""
+    return np.asarray(lr_multiplier, dtype=np.float64) / (tau * total_steps)
 
 
 def power_lines_tau(tokens_per_param: float) -> float:
     """Power Lines optimal timescale τ_opt = 1.084·TPP^−0.527 (THIRD-PARTY fit, paper §2/§4)."""
     return POWER_LINES_COEF * tokens_per_param**POWER_LINES_EXP
+
+
+def tokens_per_param(total_tokens: float, n_params: float) -> float:
+    """TPP = D/N, tokens per parameter: one of the three controls of a normalised curve (paper
+    §5, step 1; N counts non-embedding parameters here, see ``docs/parameterization.md``)."""
+    return total_tokens / n_params
 
 
 def training_fraction(step: Any, total_steps: int) -> np.ndarray:
@@ -54,10 +69,24 @@ def normalized_loss(loss: Any, final_loss: float) -> np.ndarray:
     return np.asarray(loss, dtype=np.float64) / final_loss
 
 
+def reducible_loss(loss: Any, irreducible_loss: float) -> np.ndarray:
+    """L(t̂) − L̂, the numerator of Eq. 1: the part of the loss that the collapse normalises
+    (paper §2); with L̂ = 0 it is the loss itself."""
+    return np.asarray(loss, dtype=np.float64) - irreducible_loss
+
+
 def reducible_normalized_loss(loss: Any, final_loss: float, irreducible_loss: float) -> np.ndarray:
     """ℓ(t̂) = (L(t̂) − L̂)/(L(1) − L̂): Eq. 1 with the irreducible-loss offset L̂ of Qiu et al.
     (paper §2; the paper itself sets L̂ = 0 and lists why offsets did not help as open, App. A)."""
-    return (np.asarray(loss, dtype=np.float64) - irreducible_loss) / (final_loss - irreducible_loss)
+    return reducible_loss(loss, irreducible_loss) / (final_loss - irreducible_loss)
+
+
+def loss_ratio_from_normalized(ell: Any, final_loss: Any, irreducible_loss: Any) -> np.ndarray:
+    """L(t̂)/L(1) = r + (1 − r)·ℓ(t̂) with r = L̂/L(1): Eq. 1 solved for the loss and divided by
+    the final loss, i.e. what a curve normalised with the offset L̂ looks like in the paper's
+    L̂ = 0 units (ℓ itself when L̂ = 0). Arguments broadcast."""
+    r = np.asarray(irreducible_loss, dtype=np.float64) / np.asarray(final_loss, dtype=np.float64)
+    return r + (1.0 - r) * np.asarray(ell, dtype=np.float64)
 
 
 def loss_from_normalized(ell: Any, final_loss: Any, irreducible_loss: float = 0.0) -> np.ndarray:

@@ -187,8 +187,7 @@ def _curve_mae(
     """
     model = _model(d, b, q, m, rows)
     if np.any(np.asarray(l0) != 0.0):
-        r = np.asarray(l0) / d.final[rows]
-        model = r + (1.0 - r) * model
+        model = equations.loss_ratio_from_normalized(model, d.final[rows], l0)
     return np.mean(np.abs(model - d.ell[rows]), axis=-1)
 
 
@@ -297,6 +296,22 @@ def fit(
 
     Always returns finite parameters. Raises ``ValueError`` on an empty list, bad windows,
     curves that do not cover the window, or ``m`` outside ``bounds.m``.
+
+    Example:
+        Four noiseless curves drawn from a known surrogate (two τ × two TPP) are fitted to
+        well under 0.1% MAE, and the oracle (b, q free per curve) is never worse than the fit:
+
+        >>> import numpy as np
+        >>> from predictors import Controls, Curve, Predictor, SurrogateParams, fit
+        >>> truth = Predictor(SurrogateParams(0.2, -0.5, 0.3, -0.1))
+        >>> t_hat = np.linspace(0.01, 1.0, 100)
+        >>> controls = [Controls(tau, tpp) for tau in (0.1, 1.0) for tpp in (20, 80)]
+        >>> curves = [Curve(t_hat, 1.7 * truth.normalized_curve(t_hat, c), c) for c in controls]
+        >>> result = fit(curves, decision_fractions=())
+        >>> bool(result.fit_mae < 1e-3), bool(result.oracle_mae <= result.fit_mae)
+        (True, True)
+        >>> result.predictor.params.m == 0.05  # the paper's m unless fit_m=True
+        True
     """
     t0 = time.perf_counter()
     bounds = bounds or FitBounds()

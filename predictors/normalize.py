@@ -1,7 +1,8 @@
 """Normalisation of loss curves: smoothing, training fraction, ℓ(t̂) = L(t̂)/L(1).
 
-Paper §1.3 (digest): the collapse uses ℓ(t̂) = L(t̂T)/L(T) (Eq. 1 with L̂ = 0) after a moving
-average; for fitting the predictor the paper smooths over 12,288 sequences (App. D.1). We smooth
+Paper §2 (Eq. 1) and §3: the collapse uses ℓ(t̂) = L(t̂T)/L(T) (Eq. 1 with L̂ = 0) after a moving
+average; for fitting the predictor the paper smooths over 12,288 sequences (App. D.1; see
+docs/paper.md). We smooth
 with the project's one trailing token-window mean (``predictors.smoothing.trailing_mean``) so a
 curve looks the same to the trainer, the scheduler and the calibration.
 
@@ -152,7 +153,3 @@ def normalize_loss(loss: Any, final_loss: float | None = None) -> np.ndarray:
         raise ValueError(f"normalize_loss: final loss must be finite and > 0, got {final}")
     return equations.normalized_loss(y, final)
 
-
-def resample(t_hat: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Linear interpolation of ``values`` onto ``grid`` (clamped at the ends)."""
-    return np.interp(grid, t_hat, values)

@@ -1,4 +1,4 @@
-"""The paper's noisy quadratic model (NQM) with an LR schedule (paper App. B.3; digest §6).
+"""The paper's noisy quadratic model (NQM) with an LR schedule (paper §3 Eq. 3, App. B.3; docs/paper.md).
 
 AdamW seen as an EMA: θ_k = (1 − α_k)·θ_{k−1} + α_k·x_k with α_k = η_k·λ and white noise x_k.
 In training-fraction units τ = 1/(η_peak·λ·T), so α_k = η(t̂_k)/(τ·T). The loss of one quadratic
@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from trainers.schedules import Schedule
+from predictors import equations
+from predictors.schedules import Schedule
 
 
 def _alphas(tau: np.ndarray, schedule: Schedule, steps: int) -> np.ndarray:
@@ -31,7 +32,7 @@ def _alphas(tau: np.ndarray, schedule: Schedule, steps: int) -> np.ndarray:
     if np.any(tau * steps <= 1.0):
         raise ValueError(f"nqm: tau·steps must exceed 1 (α < 1); got tau = {tau.min():.3g}, steps = {steps}")
     t_k = np.arange(1, steps + 1) / steps
-    return schedule(t_k)[:, None] / (tau[None, :] * steps)  # (steps, n_tau)
+    return equations.ema_rate(schedule(t_k)[:, None], tau[None, :], steps)  # (steps, n_tau)
 
 
 def nqm_expected_loss_schedule(

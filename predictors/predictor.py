@@ -1,16 +1,17 @@
 """The fitted predictor: ℓ̂ for any run's controls, final-loss prediction from a partial
 curve (paper §5 step 5), and JSON persistence (never pickle).
 
-The scheduler uses only :meth:`Predictor.load`, :meth:`Predictor.predict_final` and
-:meth:`Predictor.normalized_curve`.
+The scheduler uses :meth:`Predictor.predict_final`, :attr:`Predictor.decision_error` and
+:meth:`Predictor.relative_error`; the report also :meth:`Predictor.normalized_curve` and
+:meth:`Predictor.loss_curve`; the sweep loads the file with :meth:`Predictor.load`.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -27,6 +28,7 @@ from predictors.align import (
     segment_indices,
 )
 from predictors.controls import Controls
+from predictors.io import atomic_write_json, json_safe, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
 from predictors.ranking import Position, RankingError
@@ -36,7 +38,9 @@ SCHEMA = "collapse-hpo/predictor"
 # Version 2 added params.irreducible_loss and decision_error.cross_scale, version 3 the
 # ranking_error (all optional, so version-1 and -2 files still load unchanged).
 SCHEMA_VERSION = 3
-# Used when the hpo package cannot be imported (predictors must stay importable on its own).
+# The distribution whose version the provenance records, and the version recorded when it is
+# not installed (predictors must stay importable on its own).
+DISTRIBUTION = "collapse-hpo"
 FALLBACK_VERSION = "0.1.0"
 # The stop fractions at which fit() measures the decision error by default.
 DECISION_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -48,12 +52,11 @@ SCALE_TOLERANCE = 0.1
 
 
 def package_version() -> str:
-    """``hpo.__version__``, or a literal fallback when hpo cannot be imported."""
+    """The installed ``collapse-hpo`` distribution's version (from its metadata, so the
+    lowest layer never imports ``hpo``), or a literal fallback in an uninstalled checkout."""
     try:
-        from hpo import __version__
-
-        return str(__version__)
-    except Exception:  # pragma: no cover - depends on the environment
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on the environment
         return FALLBACK_VERSION
 
 
@@ -131,6 +134,25 @@ class DecisionError:
 @dataclass(frozen=True, eq=False)
 class Predictor:
     """A fitted collapse surrogate plus how to align partial curves to it.
+
+    Example:
+        A run that follows ℓ̂ exactly with final loss 1.7, seen up to t̂ = 0.3: the predicted
+        final loss is 1.7, and an uncalibrated predictor states only the alignment residual.
+
+        >>> from predictors import Controls, Predictor, SurrogateParams
+        >>> from predictors.schedules import Schedule
+        >>> predictor = Predictor(SurrogateParams(b_const=0.2, b_exp=-0.5, q_const=0.3, q_exp=-0.1))
+        >>> controls = Controls(tau=0.3, tokens_per_param=20, schedule=Schedule("linear"))
+        >>> t_hat = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+        >>> loss = 1.7 * predictor.normalized_curve(t_hat, controls)
+        >>> p = predictor.predict_final(t_hat, loss, controls)
+        >>> round(p.final_loss, 6), round(p.uncertainty, 6), p.n_points
+        (1.7, 0.0, 3)
+        >>> round(float(predictor.loss_curve([1.0], controls, p.final_loss)[0]), 6)
+        1.7
+
+        ``Predictor.load(path)`` reads a calibrated predictor (``configs/predictors/default.json``
+        is the shipped one) and ``save(path)`` writes one.
 
     Args:
         params: b_const, b_exp, q_const, q_exp and the constants m, ε1, ε2 (Eq. 4–5).
@@ -349,7 +371,7 @@ class Predictor:
             ell = self._smoothed_ell_hat(ts, float(t[0]), controls, smoothing_window)
         else:
             ell = self._ell_hat(ts, controls)
-        reducible = ys - l0
+        reducible = equations.reducible_loss(ys, l0)
         divisor = align_divisor(reducible, ell, settings.objective)
         if not math.isfinite(divisor) or divisor <= 0:
             raise ValueError("predict_final: alignment gave a non-finite divisor")
@@ -417,7 +439,7 @@ class Predictor:
             "alignment": self.align.to_dict(),
             "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
             "ranking_error": None if self.ranking_error is None else self.ranking_error.to_dict(),
-            "provenance": _jsonable(self.provenance),
+            "provenance": json_safe(self.provenance),
         }
 
     @classmethod
@@ -451,20 +473,8 @@ class Predictor:
         return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the predictor as JSON (atomically) and return the path."""
-        path = Path(path)
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        """Write the predictor as strict JSON (atomically) and return the path."""
+        return atomic_write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Predictor":
@@ -477,7 +487,7 @@ class Predictor:
         path = Path(path)
         text = path.read_text()
         try:
-            data = json.loads(text, parse_constant=_reject_constant)
+            data = loads_strict(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON: {exc}") from None
         except ValueError as exc:
@@ -580,23 +590,3 @@ def _describe(exc: ValidationError) -> str:
     more = len(exc.errors()) - 5
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} in JSON (NaN/Infinity are not allowed)")
-
-
-def _jsonable(value: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples so json.dumps(allow_nan=False) accepts them."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [_jsonable(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)

@@ -1,7 +1,7 @@
 """Trailing moving averages over a window measured in tokens, weighted by tokens.
 
 The paper smooths with a moving average over a fixed amount of data (100 steps for plots,
-12,288 sequences for fitting; App. D.1). A window in *tokens* means runs with different
+§3; 12,288 sequences for fitting, App. D.1). A window in *tokens* means runs with different
 batch sizes are smoothed over the same amount of data. The window is trailing (causal)
 so that the value at t̂ uses only what a live trial has already reported: the scheduler,
 the trainer and the calibration all smooth the same way.

@@ -16,7 +16,7 @@ from predictors import (
     collapse_residuals,
     smooth_loss,
 )
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 TRUE = SurrogateParams(0.3, -0.3, 2.0, -0.2, m=0.1)
 PRED = Predictor(TRUE)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpo.scheduler_state import json_safe
+from predictors.io import json_safe
 from hpo.curve_bank import append_runs, curve_frame, load_bank
 from predictors import Controls, Predictor, SurrogateParams
 from predictors.predictor import DecisionError

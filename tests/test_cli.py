@@ -150,3 +150,36 @@ def test_calibrate_from_curves_missing_column_exits_2_and_writes_nothing(
     assert "bad.csv" in err and "'n_params'" in err
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "out").exists()
     assert main(["calibrate"]) == 2 and "--from-curves" in capsys.readouterr().err
+
+
+NO_RAY_NO_TORCH = r"""
+import sys
+from hpo.cli import main
+
+fast = ["--set", "fit.compare_fixed_m=false", "--set", "fit.held_out_error=false"]
+out = sys.argv[1]
+codes = [
+    main(["calibrate", "--from-curves", sys.argv[2], "--predictor-out", f"{out}/curves.json",
+          "--output-dir", f"{out}/curves", *fast]),
+    main(["calibrate", "configs/calibration/constant_lr.yaml", "--fit-only", *fast,
+          "--set", f"predictor_out={out}/bank.json", "--set", f"output_dir={out}/bank"]),
+]
+print("codes", codes)
+print("heavy", sorted({m.split(".")[0] for m in sys.modules} & {"ray", "torch"}))
+"""
+
+
+def test_calibrate_from_curves_and_fit_only_never_import_ray_or_torch(tmp_path: Path) -> None:
+    # Fitting curves needs neither the trainer nor Ray: `hpo calibrate --from-curves` and
+    # `--fit-only` run in a fresh interpreter without importing ray or torch (so they start
+    # fast and work where neither is installed).
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", NO_RAY_NO_TORCH, str(tmp_path), str(EXAMPLE_CURVES)],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "codes [0, 0]" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "heavy []" in done.stdout
+    assert (tmp_path / "curves.json").exists() and (tmp_path / "bank.json").exists()

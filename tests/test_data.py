@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,7 +16,6 @@ from trainers.data import (
     load_corpus,
     split_corpus,
     stdlib_files,
-    unigram_entropy,
     validation_windows,
 )
 
@@ -99,10 +96,3 @@ def test_validation_windows_are_fixed_and_inside_the_split() -> None:
     assert inputs.shape == (5, 10)
     assert torch.equal(inputs, validation_windows(tokens, 10, 45)[0])
     assert int(targets.max()) <= 249 and int(inputs[0, 0]) == 0
-
-
-def test_unigram_entropy() -> None:
-    # Uniform bytes: ln 256 nats; a constant: 0; a fair coin over two bytes: ln 2.
-    assert unigram_entropy(np.arange(256, dtype=np.uint8)) == pytest.approx(math.log(256))
-    assert unigram_entropy(np.zeros(10, dtype=np.uint8)) == 0.0
-    assert unigram_entropy(torch.tensor([1, 2, 1, 2], dtype=torch.uint8)) == pytest.approx(math.log(2))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from predictors import Controls, Curve, FitResult, SurrogateParams, fit, normalized_surrogate
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 TRUE = SurrogateParams(0.3, -0.3, 2.0, -0.2)
 TAUS = np.geomspace(0.02, 1.0, 6)

@@ -6,7 +6,7 @@ import pytest
 from predictors import Controls, Curve, drop_nonfinite, normalize_loss, smooth_loss, training_fraction_of
 from predictors.normalize import check_curve, window_tokens_of
 from predictors.smoothing import trailing_mean
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 CTRL = Controls(0.2, 20.0, Schedule())
 

@@ -5,7 +5,7 @@ import pytest
 
 from predictors import equations
 from predictors.nqm import nqm_expected_loss_schedule, nqm_sample_loss
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 T = np.array([0.05, 0.1, 0.3, 0.5, 0.8, 1.0])
 CONST = Schedule("constant", warmup_fraction=0.0)

@@ -9,7 +9,7 @@ import pytest
 
 from predictors import AlignSettings, Controls, Curve, DecisionError, Predictor, SurrogateParams, fit
 from predictors.predictor import SCHEMA_VERSION
-from trainers.schedules import Schedule
+from predictors.schedules import Schedule
 
 PRED = Predictor(
     SurrogateParams(0.31, -0.27, 1.9, -0.21, m=0.14),

@@ -1,4 +1,4 @@
-"""Tests of hpo.report / hpo.plots on synthetic sweep output directories.
+"""Tests of hpo.analysis / hpo.report / hpo.plots on synthetic sweep output directories.
 
 Curve family: L_i(t̂) = F_i·ℓ(t̂; a_i) with ℓ(t̂; a) = 1 + a·(1 − t̂)², a carried in the
 controls as τ. Trial "t1" has the best final loss but a steep curve, so the current-best
@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpo.report import CSV_COLUMNS, STOP_GRID, Report, print_report, write_report
+from hpo.analysis import CSV_COLUMNS, STOP_GRID, Report
+from hpo.report import print_report, write_report
 from hpo.scheduler_state import RungEntry, RungRecord, SchedulerState, TrialRecord
 
 T = np.round(np.linspace(0.01, 1.0, 100), 6)

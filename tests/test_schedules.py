@@ -1,11 +1,11 @@
-"""Shapes of the shared LR schedules (trainers/schedules.py) and their validation."""
+"""Shapes of the shared LR schedules (predictors/schedules.py) and their validation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from trainers.schedules import SCHEDULE_NAMES, Schedule
+from predictors.schedules import SCHEDULE_NAMES, Schedule
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)

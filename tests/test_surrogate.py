@@ -5,7 +5,7 @@ import pytest
 
 from predictors import Controls, SurrogateParams, normalized_surrogate
 from predictors import equations
-from trainers.schedules import SCHEDULE_NAMES, Schedule
+from predictors.schedules import SCHEDULE_NAMES, Schedule
 
 P = SurrogateParams(0.3, -0.3, 2.0, -0.2)
 

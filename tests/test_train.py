@@ -8,13 +8,21 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from trainers.config import DataConfig, load_train_config
-from trainers.data import load_corpus, split_corpus, unigram_entropy
+from trainers.data import load_corpus, split_corpus
 from trainers.runner import CURVE_COLUMNS, run_to_directory
 from trainers.train import Trainer
+
+def unigram_entropy(tokens: torch.Tensor) -> float:
+    """Entropy of the byte distribution, in nats per byte: the loss of the best unigram model."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.uint8).ravel(), minlength=256).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
 
 RECORD_KEYS = {"step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr", "elapsed_s", "diverged"}
 

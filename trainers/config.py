@@ -23,8 +23,8 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from predictors.equations import adamw_timescale, weight_decay_for_timescale
-from trainers.schedules import Schedule, ScheduleName
+from predictors.equations import adamw_timescale, tokens_per_param, weight_decay_for_timescale
+from predictors.schedules import Schedule, ScheduleName
 
 Parameterization = Literal["completep", "mup", "sp"]
 
@@ -298,7 +298,7 @@ def run_controls(config: TrainConfig) -> RunControls:
         batch_size=batch,
         micro_batch_size=config.micro_batch_tokens,
         grad_accum_steps=batch // config.micro_batch_tokens,
-        tokens_per_param=total_tokens / n_params,
+        tokens_per_param=tokens_per_param(total_tokens, n_params),
         tau=tau,
         weight_decay=weight_decay,
         lr=config.lr,

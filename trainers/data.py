@@ -20,7 +20,6 @@ import hashlib
 import os
 import platform
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from predictors.io import atomic_write_bytes
 from trainers.config import DataConfig
 
 # Directories never taken from the standard library: tests (not library code), installed
@@ -128,10 +128,8 @@ def load_corpus(config: DataConfig) -> Corpus:
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"corpus-{digest}.bin"
     if not path.exists() or path.stat().st_size != len(raw):
-        # Write-then-rename so concurrent trials never map a half-written file.
-        with tempfile.NamedTemporaryFile(dir=cache_dir, delete=False, suffix=".tmp") as handle:
-            handle.write(raw)
-        os.replace(handle.name, path)
+        # Atomic, so concurrent trials never map a half-written file.
+        atomic_write_bytes(path, raw)
     # mode "c" (copy-on-write) gives a writable view without ever writing the file back,
     # which is what torch.from_numpy wants.
     array = np.memmap(path, dtype=np.uint8, mode="c")
@@ -151,13 +149,6 @@ def split_corpus(tokens: torch.Tensor, val_fraction: float) -> tuple[torch.Tenso
     """(train, validation): the last ``val_fraction`` of the bytes is held out."""
     n_val = max(1, int(round(val_fraction * tokens.numel())))
     return tokens[:-n_val], tokens[-n_val:]
-
-
-def unigram_entropy(tokens: torch.Tensor | np.ndarray) -> float:
-    """Entropy of the byte distribution, in nats per byte: the loss of the best unigram model."""
-    counts = np.bincount(np.asarray(tokens, dtype=np.uint8).ravel(), minlength=256).astype(np.float64)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log(p)).sum())
 
 
 def _windows(tokens: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,9 +13,7 @@ Writes, in ``output_dir``:
 from __future__ import annotations
 
 import csv
-import json
 import math
-import os
 import platform
 from pathlib import Path
 from typing import Any, Mapping
@@ -25,23 +23,11 @@ import torch
 import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from predictors.io import atomic_write_json, atomic_write_text
 from trainers.config import TrainConfig, load_train_config
 from trainers.train import Trainer
 
 CURVE_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN/inf become None so controls.json stays valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps({k: _json_safe(v) for k, v in data.items()}, indent=2) + "\n")
-    os.replace(temporary, path)
 
 
 def _last_finite(history: list[dict[str, Any]], key: str) -> float:
@@ -84,8 +70,9 @@ def run_to_directory(
     trainer = Trainer(config)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    _write_json(output_dir / "controls.json", describe_run(trainer))
+    atomic_write_text(output_dir / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    # Strict JSON: a NaN final loss (a run that diverged at once) is written as null.
+    atomic_write_json(output_dir / "controls.json", describe_run(trainer))
 
     with open(output_dir / "curve.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CURVE_COLUMNS, extrasaction="ignore")
@@ -110,5 +97,5 @@ def run_to_directory(
             trainer.run(on_record)
 
     summary = describe_run(trainer)
-    _write_json(output_dir / "controls.json", summary)
+    atomic_write_json(output_dir / "controls.json", summary)
     return summary

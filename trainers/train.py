@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 import torch
 
+from predictors.io import atomic_write_with
 from predictors.smoothing import TrailingMean
 from trainers.config import RunControls, TrainConfig, load_train_config, run_controls
 from trainers.data import Corpus, TrainSampler, load_corpus, split_corpus, validation_windows
@@ -241,11 +241,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "history": self.history,
         }
-        path = directory / CHECKPOINT_FILE
-        temporary = directory / (CHECKPOINT_FILE + ".tmp")
-        torch.save(state, temporary)
-        os.replace(temporary, path)
-        return path
+        return atomic_write_with(directory / CHECKPOINT_FILE, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore a checkpoint written by `save_checkpoint` for the same config."""

@@ -1,9 +1,10 @@
 """Learning-rate schedules as functions of the training fraction t̂ ∈ [0, 1].
 
 Every schedule is peak-normalised: it returns the multiplier η(t̂)/η_peak ∈ [0, 1].
-This module is the single definition shared by the trainer (which multiplies each
-parameter group's peak LR by it) and by the predictor (whose surrogate evaluates η(t̂),
-paper Eq. 4). It imports numpy only, never torch, so the predictor stays light.
+This module is the single definition shared by the predictor (whose surrogate evaluates
+η(t̂), paper Eq. 4) and by the trainer (which multiplies each parameter group's peak LR by
+it). It lives in ``predictors``, the lowest layer, so the trainer imports it and not the
+other way round; it imports numpy only, never torch.
 
 Schedules (all start with a linear warmup from 0 to 1 over ``warmup_fraction``):
 
