@@ -84,9 +84,6 @@ class HeldOutPredictions:
             out.append(float(np.mean(np.abs(pred[ok] - self.truth[ok]) <= z * sigma)))
         return out
 
-    def n_predicted(self) -> list[int]:
-        return [int(np.isfinite(row).sum()) for row in self.predicted]
-
 
 def predict_at(predictor: Any, curve: Curve, stop_fraction: float) -> Optional[Any]:
     """The ``Prediction`` from the curve's points up to the first at or past s — the cut the
@@ -247,14 +244,14 @@ def stated_coverage(
 
 def coverage_markdown(rows: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
     """A markdown table of :func:`stated_coverage` results, one row per (label, s)."""
-    lines = ["| curves | s | n | RMS error | ±1σ | ±2σ |", "|---|---|---|---|---|---|"]
-    for label, by_s in rows.items():
-        for s, row in by_s.items():
-            def pct(v: float, digits: int = 0) -> str:
-                return "n/a" if not np.isfinite(v) else f"{100 * v:.{digits}f}%"
-            lines.append(f"| {label} | {s} | {int(row['n'])} | {pct(row['rms'], 2)} | {pct(row.get('1σ', np.nan))} | "
-                         f"{pct(row.get('2σ', np.nan))} |")
-    return "\n".join(lines)
+    from hpo.tables import markdown_table
+
+    def pct(v: float, digits: int = 0) -> str:
+        return "n/a" if not np.isfinite(v) else f"{100 * v:.{digits}f}%"
+
+    body = [[label, s, int(row["n"]), pct(row["rms"], 2), pct(row.get("1σ", np.nan)), pct(row.get("2σ", np.nan))]
+            for label, by_s in rows.items() for s, row in by_s.items()]
+    return markdown_table(["curves", "s", "n", "RMS error", "±1σ", "±2σ"], body, pad=False)
 
 
 def coverage_as_stated_and_in_scale(
