@@ -511,3 +511,14 @@ def _log_mlflow(config: CalibrationConfig, summary: dict[str, Any]) -> None:
             client.log_artifact(run.info.run_id, str(out / name))
     client.log_artifact(run.info.run_id, summary["predictor"])
     client.set_terminated(run.info.run_id)
+
+
+def __getattr__(name: str) -> Any:
+    """``hpo.calibrate.CalibrationTrainable`` resolves lazily to ``hpo.banking``'s, so Ray
+    experiments pickled before the trainable moved there still restore, without this module
+    importing Ray."""
+    if name in ("CalibrationTrainable", "CurveCollector", "run_reference_curves"):
+        from hpo import banking
+
+        return getattr(banking, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
