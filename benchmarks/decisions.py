@@ -285,6 +285,44 @@ def targets(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, 
     return lines
 
 
+def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], list[str]],
+                        points: dict[str, list[dict[str, Any]]], finals: dict[str, float],
+                        fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.5)) -> list[list[Any]]:
+    """Per kind of sweep and s, over the pairs of each replicate: how often the order of the
+    predicted finals (``hpo.rules.predict_at_rung``) and of the losses at the rung agree with
+    the order of the true finals, and the RMS of their log-ratio errors."""
+    import itertools
+
+    rows = []
+    for family in dict.fromkeys(k[0] for k in complete):
+        for s in fractions:
+            agree = {"pred": [], "loss": []}
+            err = {"pred": [], "loss": []}
+            for (fam, _), runs in complete.items():
+                if fam != family:
+                    continue
+                seen = {}
+                for r in runs:
+                    t = [p["train_fraction"] for p in points[r]]
+                    y = [p["loss"] for p in points[r]]
+                    pred = rules.predict_at_rung(predictor, t, y, points[r][0], s)
+                    seen[r] = (pred.final_loss, pred.loss)
+                for a, b in itertools.combinations(runs, 2):
+                    true = math.log(finals[a] / finals[b])
+                    for key, k in (("pred", 0), ("loss", 1)):
+                        if seen[a][k] is None or seen[b][k] is None:
+                            continue
+                        d = math.log(seen[a][k] / seen[b][k])
+                        agree[key].append(np.sign(d) == np.sign(true))
+                        err[key].append(d - true)
+            if agree["pred"]:
+                rows.append([SWEEP_KINDS.get(family, family), f"{s:g}", len(agree["pred"]),
+                             f"{100 * np.mean(agree['pred']):.0f}%", f"{100 * np.mean(agree['loss']):.0f}%",
+                             f"{100 * np.sqrt(np.mean(np.square(err['pred']))):.2f}%",
+                             f"{100 * np.sqrt(np.mean(np.square(err['loss']))):.2f}%"])
+    return rows
+
+
 def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, Optional[float]],
            missing: Sequence[str], predictor_path: str, meta: dict[str, Any]) -> str:
     families = list(agg)
@@ -333,6 +371,15 @@ def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, O
             [[p.method + (" (default)" if p.default else ""), p.setting, f"{p.compute:.3f}", f"{p.regret:.4f}",
               f"{p.regret_sd:.4f}", f"{p.within}/{p.n}", "" if p.best_kept is None else f"{p.best_kept}/{p.n}"]
              for p in pts]))
+        lines.append("")
+    if meta.get("diagnostics"):
+        lines += ["## How well the order is predicted", "",
+                  "Pairs of trials of one replicate: how often the order of the predicted finals, and of the "
+                  "smoothed losses at the rung point of s, is the order of the true finals; and the RMS of "
+                  "their log-ratio errors (log(P_i/P_j) − log(F_i/F_j)). Predicted-best and current-best differ "
+                  "exactly where these differ.", ""]
+        lines.append(markdown_table(["kind of sweep", "s", "pairs", "predicted order right", "loss order right",
+                                     "predicted log-ratio RMS", "loss log-ratio RMS"], meta["diagnostics"]))
         lines.append("")
     failed = sorted({f"{r.method} {r.setting}: {r.note}" for r in rows if r.note})
     if failed:
@@ -423,9 +470,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{time.monotonic() - started:.0f} s]", flush=True)
     agg = aggregate(rows)
     config = load_calibration_config(args.config)
+    from predictors.smoothing import FINAL_LOSS_DEFINITION
+
     meta = {"bank": config.bank, "n_replicates": len(complete), "n_runs": len(points),
-            "tpp": config.trainer.get("tokens_per_param"),
-            "final_loss": __import__("predictors.smoothing", fromlist=["x"]).FINAL_LOSS_DEFINITION}
+            "tpp": config.trainer.get("tokens_per_param"), "final_loss": FINAL_LOSS_DEFINITION,
+            "diagnostics": ranking_diagnostics(predictor, complete, points, finals)}
     text = render(agg, rows, sigmas, missing, args.predictor, meta)
     atomic_write_text(args.md, text + "\n")
     plot(agg, sigmas, Path(args.plot))
