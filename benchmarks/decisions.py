@@ -234,6 +234,31 @@ def frontier(points: Sequence[Point], method: str, budget: float) -> Optional[Po
     return min(mine, key=lambda p: (p.regret, p.compute)) if mine else None
 
 
+def select_z(rows: Sequence[Row]) -> Optional[tuple[float, str]]:
+    """The rule that chose the shipped ``margin_z`` (run on the audit bank, a validation bank at
+    the calibrated scale, never on the held-out decision bank): with the default rungs and
+    reduction factor, the smallest z whose keep set holds the true best at every rung on ≥ 95%
+    of the replicates and whose pick is within seed noise on ≥ 90%."""
+    from hpo.sweep_config import SchedulerSettings
+
+    default = SchedulerSettings()
+    stem = f"rungs {'/'.join(f'{r:g}' for r in default.rungs)}, z "
+    tail = f", rf {default.reduction_factor:g}"
+    by_z: dict[float, list[Row]] = {}
+    for r in rows:
+        if r.method == "collapse" and r.setting.startswith(stem) and r.setting.endswith(tail):
+            by_z.setdefault(float(r.setting[len(stem):-len(tail)]), []).append(r)
+    for z in sorted(by_z):
+        mine = by_z[z]
+        kept = sum(bool(r.best_kept) for r in mine)
+        within = sum(bool(r.within_noise) for r in mine)
+        if kept >= 0.95 * len(mine) and within >= 0.9 * len(mine):
+            compute = float(np.mean([r.compute for r in mine]))
+            return z, (f"z = {z:g}: best kept {kept}/{len(mine)}, within noise {within}/{len(mine)}, "
+                       f"mean compute {compute:.2f}")
+    return None
+
+
 def targets(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, Optional[float]]) -> list[str]:
     """The issue's targets, each stated as met or missed with its numbers."""
     lines = []
@@ -334,6 +359,10 @@ def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, O
     if missing:
         lines += ["Not scored (incomplete): " + "; ".join(missing), ""]
     lines += ["## Targets", ""] + [f"- {t}" for t in targets(agg, rows, sigmas)] + [""]
+    chosen = select_z(rows)
+    lines += ["The rule that chose the shipped `margin_z` (`select_z`: with the default rungs and rf, the smallest z "
+              "whose keep set holds the true best at every rung on ≥ 95% of replicates and whose pick is within "
+              "seed noise on ≥ 90%), applied to this bank: " + (chosen[1] if chosen else "no z qualifies") + ".", ""]
     lines += ["## Regret at equal compute, read off each method's frontier", "",
               "Mean regret over the 3 replicates ± sd across them (loss units), at the best setting of the method "
               "whose mean compute fits the budget; — = no setting that cheap. σ_seed: seed noise of the final loss "
@@ -481,6 +510,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     atomic_write_json(Path(args.out) / "decisions.json",
                       {"rows": [asdict(r) for r in rows], "sigma_seed": sigmas, "missing": missing})
     print("\n".join(targets(agg, rows, sigmas)))
+    chosen = select_z(rows)
+    print("default-selection rule on this bank: " + (chosen[1] if chosen else "no z qualifies"))
     print(f"wrote {args.md}, {args.plot}, {Path(args.out) / 'decisions.json'} ({time.monotonic() - started:.0f} s)")
     return 0
 
