@@ -115,6 +115,11 @@ class CollapseScheduler(FIFOScheduler):
         resume: continue the experiment whose state is at ``state_path`` (its decisions,
             stopped trials and curves are kept). ``Tuner.restore`` needs no flag: the
             unpickled scheduler reloads its own file (and checks it is its experiment's).
+        on_decision: called after every rung decision (sync/audit) with a JSON-safe dict:
+            ``rung``, ``fraction``, ``decision_mode``, ``kept``, ``stopped`` (or would-stop),
+            ``predicted_best``, ``current_best``, ``margin``, ``margin_text``, ``kind``,
+            ``kept_all``, ``compute_fraction``, ``decided_at``, and ``progress`` (per rung:
+            trials reached, alive, stopped, finished). Picklable; what it raises is logged.
         on_early_answer: called once with the early answer (a dict: ``trial_id``, ``config``,
             ``predicted_final_loss``, ``uncertainty``, ``probability_best``, ``margin``,
             ``margin_text``, ``kind``, ``compute_fraction``, ``rung``, ``kept``, ...). Must be
@@ -137,6 +142,7 @@ class CollapseScheduler(FIFOScheduler):
         margin_z: float = rules.DEFAULT_MARGIN_Z, decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
+        on_decision: Optional[Callable[[Dict[str, Any]], None]] = None,
         min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0, resume: bool = False,
     ) -> None:
         super().__init__()
@@ -166,6 +172,7 @@ class CollapseScheduler(FIFOScheduler):
         self._decision_mode = decision_mode
         self._state_path = Path(state_path).resolve() if state_path is not None else None
         self._on_early_answer = on_early_answer
+        self._on_decision = on_decision
         self._min_points = int(min_points)
         self._persist_interval_s = float(persist_interval_s)
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
@@ -450,12 +457,39 @@ class CollapseScheduler(FIFOScheduler):
         # the save and the controller's stop calls must not restore them alive.
         for rec in to_stop:
             rec.status, rec.stopped_at = "stopped", fraction
+        self._persist(force=True)
+        self._notify(self._on_decision, {
+            "rung": r, "fraction": fraction, "decision_mode": self._decision_mode, "kept": list(rung.survivors),
+            "stopped": [e.trial_id for e in participants if e.decision in ("stop", "would_stop")],
+            "predicted_best": rung.predicted_best, "current_best": rung.current_best, "margin": rung.margin,
+            "margin_text": self.margin_text(r), "kind": rung.kind, "kept_all": rung.kept_all,
+            "compute_fraction": compute, "decided_at": now, "progress": self.progress()})
         if self._is_last(r):
             self._emit_early_answer(r)
-        self._persist(force=True)
         for rec in to_stop:
             self._stop(tc, rec, fraction, trigger=(rec.trial_id == trigger_id))
         return rung.survivors
+
+    def _notify(self, callback: Optional[Callable[[Dict[str, Any]], None]], payload: Dict[str, Any]) -> None:
+        if callback is None:
+            return
+        try:
+            callback(json_safe(payload))
+        except Exception:  # noqa: BLE001 - a display/tracking hiccup must not kill the sweep
+            logger.exception("CollapseScheduler: callback %s failed", getattr(callback, "__name__", callback))
+            if self._strict:
+                raise
+
+    def progress(self) -> list[dict[str, Any]]:
+        """Per rung: ``fraction``, ``decided``, and how many trials ``reached`` it, are
+        ``alive`` past it (kept and not stopped), were ``stopped`` there and ``finished``."""
+        out = []
+        for rung in self._state.rungs:
+            out.append({"fraction": rung.fraction, "decided": rung.decided, "reached": len(rung.entries),
+                        "alive": sum(1 for t in rung.survivors if self._live(self._state.trials[t])),
+                        "stopped": sum(1 for rec in self._state.trials.values() if rec.stopped_at == rung.fraction),
+                        "finished": sum(1 for t in rung.survivors if self._state.trials[t].status == "completed")})
+        return out
 
     def _stop(self, tc: Optional["TuneController"], rec: TrialRecord, fraction: float, trigger: bool) -> None:
         """Mark stopped; a trial other than the one reporting is stopped through the controller
@@ -512,13 +546,7 @@ class CollapseScheduler(FIFOScheduler):
             "decision_mode": self._decision_mode, "decided_at": utc_now(),
         })
         self._persist(force=True)
-        if self._on_early_answer is not None:
-            try:
-                self._on_early_answer(dict(self._state.early_answer))
-            except Exception:  # noqa: BLE001 - a display/tracking hiccup must not kill the sweep
-                logger.exception("CollapseScheduler: on_early_answer failed")
-                if self._strict:
-                    raise
+        self._notify(self._on_early_answer, dict(self._state.early_answer))
 
     def _maybe_async_early_answer(self) -> None:
         """Async: the early answer once every live trial has been judged at the last rung."""

@@ -1048,3 +1048,19 @@ def test_restart_without_checkpoint_counts_the_redone_work(caplog):
     assert "does not restore checkpoints" in caplog.text
     assert s.state.trials["a"].redone == pytest.approx(DT)
     assert s.compute_fraction() == pytest.approx((0.05 + 0.05 + 0.1) / 2)
+
+
+# Asserts: every rung decision is published through on_decision the moment it is made, with the
+# kept and stopped trials and the per-rung progress, before the early answer.
+def test_on_decision_publishes_each_rung():
+    events: list[tuple[str, dict]] = []
+    s = sched(on_decision=lambda d: events.append(("decision", d)),
+              on_early_answer=lambda a: events.append(("answer", a)))
+    FakeController(s, six_trials()).run(workers=2)
+    assert [e for e, _ in events] == ["decision", "decision", "decision", "answer"]
+    first = events[0][1]
+    assert first["fraction"] == 0.1 and sorted(first["kept"]) == ["t1", "t3", "t4"]
+    assert sorted(first["stopped"]) == ["t0", "t2", "t5"]
+    assert first["progress"][0] == {"fraction": 0.1, "decided": True, "reached": 6, "alive": 3, "stopped": 3,
+                                    "finished": 0}
+    json.dumps(events)
