@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_fixtures import TINY_TRAINER  # noqa: E402
 
-#: The case folder's own files may be these; anything else after the command is a write.
+#: A password put into a tracking URI: it must appear in no output.
 SECRET = "s3cr3t-pw"
 
 
