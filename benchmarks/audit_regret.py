@@ -34,7 +34,7 @@ only when every one of its runs is banked and complete; the missing runs are lis
 Run::
 
     python benchmarks/audit_regret.py [--config configs/calibration/audit.yaml]
-        [--predictor configs/predictors/default.json] [--calibration configs/calibration/default.yaml]
+        [--predictor hpo/data/predictors/default.json] [--calibration configs/calibration/default.yaml]
         [--fractions 0.1 0.2 0.3 0.5] [--out runs/benchmarks/audit_regret]
 
 Writes ``audit_regret.md``, ``audit_regret.json`` and ``regret_vs_fraction.png`` under ``--out``.
@@ -612,7 +612,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/calibration/audit.yaml", help="audit calibration YAML (sweeps:)")
-    p.add_argument("--predictor", default="configs/predictors/default.json", help="shipped predictor JSON")
+    p.add_argument("--predictor", default="hpo/data/predictors/default.json", help="shipped predictor JSON")
     p.add_argument("--calibration", default="configs/calibration/default.yaml",
                    help="calibration whose bank the fixed-m predictor is refit on")
     p.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS), help="stop fractions s")

@@ -34,7 +34,7 @@ Scoring (one definition each, shared with the scheduler: ``hpo.rules``):
 Run::
 
     python benchmarks/decisions.py [--config configs/calibration/decisions.yaml]
-        [--predictor configs/predictors/default.json] [--out runs/benchmarks/decisions]
+        [--predictor hpo/data/predictors/default.json] [--out runs/benchmarks/decisions]
         [--md benchmarks/decisions.md] [--plot benchmarks/decisions.png]
 
 Writes the markdown report and the plot (no timings in either, so a rerun leaves them
@@ -466,7 +466,7 @@ def plot(agg: dict[str, list[Point]], sigmas: dict[str, Optional[float]], path: 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/calibration/decisions.yaml", help="decision-bank calibration YAML")
-    p.add_argument("--predictor", default="configs/predictors/default.json", help="predictor JSON")
+    p.add_argument("--predictor", default="hpo/data/predictors/default.json", help="predictor JSON")
     p.add_argument("--out", default="runs/benchmarks/decisions", help="directory for decisions.json")
     p.add_argument("--md", default="benchmarks/decisions.md", help="markdown report path")
     p.add_argument("--plot", default="benchmarks/decisions.png", help="frontier plot path")

@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.baseline:
         for name, row in baseline_fits(args.baseline, banks).items():
             degenerate[name]["before"] = row
-    shipped = Predictor.load(REPO_ROOT / "configs/predictors/default.json")
+    shipped = Predictor.load(REPO_ROOT / "hpo/data/predictors/default.json")
     audit_cfg = load_calibration_config(str(REPO_ROOT / "configs/calibration/audit.yaml"))
     audit = bank_curves(load_bank(REPO_ROOT / audit_cfg.bank))
     coverage = {"audit (d 64, TPP 20)": held_out.coverage_as_stated_and_in_scale(shipped, audit, FRACTIONS)}

@@ -91,7 +91,7 @@ def measure(n: int, predictor: Predictor) -> dict[str, float]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", nargs="+", type=int, default=[10, 100, 1000])
-    p.add_argument("--predictor", default="configs/predictors/default.json")
+    p.add_argument("--predictor", default="hpo/data/predictors/default.json")
     p.add_argument("--md", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
     predictor = Predictor.load(args.predictor)

@@ -2,7 +2,7 @@
 
 The paper ("Scaling with Collapse", Table 11) fits the collapse surrogate ℓ̂ on small models
 and asks whether it still describes the normalised loss curves of a much larger one. This is
-the CPU-scale analogue: the shipped predictor (``configs/predictors/default.json``, fitted on
+the CPU-scale analogue: the shipped predictor (``hpo/data/predictors/default.json``, fitted on
 the 42 d_model-64 curves of ``configs/calibration/default.yaml``) is scored, unchanged, on
 held-out d_model-224 runs (``configs/calibration/transfer.yaml``, ~12x the non-embedding
 parameters), trained with ``hpo calibrate configs/calibration/transfer.yaml``.
@@ -321,7 +321,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="held-out curve bank")
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs/calibration/transfer.yaml",
                         help="the held-out calibration config (to report how many of its runs are banked)")
-    parser.add_argument("--predictor", type=Path, default=REPO_ROOT / "configs/predictors/default.json")
+    parser.add_argument("--predictor", type=Path, default=REPO_ROOT / "hpo/data/predictors/default.json")
     parser.add_argument("--reference-bank", type=Path, default=REPO_ROOT / "configs/calibration/default_bank.parquet",
                         help="the bank the predictor was fitted on (in-sample context)")
     parser.add_argument("--reference-config", type=Path, default=REPO_ROOT / "configs/calibration/default.yaml",

@@ -15,6 +15,7 @@ import tempfile
 import ray
 from ray import tune
 
+from hpo.data import default_predictor_path
 from hpo.scheduler import CollapseScheduler
 from predictors import Predictor
 
@@ -37,7 +38,7 @@ def my_trainable(config: dict) -> None:
 
 def main() -> None:
     scheduler = CollapseScheduler(
-        predictor=Predictor.load("configs/predictors/default.json"),
+        predictor=Predictor.load(default_predictor_path()),  # the shipped predictor
         rungs=(0.1, 0.2, 0.3),
         reduction_factor=2,
         decision_mode="async",

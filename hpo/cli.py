@@ -1,19 +1,24 @@
 """The ``hpo`` command line: train, sweep, resume, report.
 
 Every command validates its input first and exits with status 2 and one message naming
-the field (and file) at fault, before anything is written.
+the field (and file) at fault, before anything is written. No message, and no traceback,
+shows the user part (a password) of a URI (``hpo.tracking_uri.strip_credentials``).
+Ray and torch are imported inside the commands that need them, after validation.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
 from pydantic import ValidationError
 
-from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+from hpo.errors import InputError
+from hpo.overrides import ConfigError, apply_overrides, check_safe_name, format_validation_error, read_yaml
+from hpo.tracking_uri import strip_credentials
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -31,6 +36,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary.get("status") != "diverged" else 1
 
 
+def sweep_config_path(config: str) -> Path:
+    """A sweep CONFIG argument as a file: an existing path, else a packaged sweep by name
+    (``hpo sweep quickstart`` works from any directory, also from a wheel install)."""
+    from hpo.data import packaged_sweep, packaged_sweeps
+
+    path = Path(config)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path  # read_yaml names a missing file, a directory or a binary file
+    try:
+        return packaged_sweep(config)
+    except KeyError:
+        raise ConfigError(f"{config}: no such file, nor a packaged sweep ({', '.join(packaged_sweeps())})") from None
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from hpo.sweep import run_sweep
     from hpo.sweep_config import load_sweep_config
@@ -40,18 +59,31 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         overrides.append("scheduler.mode=audit")
     if args.output:
         overrides.append(f"output_dir={args.output}")
-    config = load_sweep_config(args.config, overrides=tuple(overrides))
-    outcome = run_sweep(config, address=args.address)
-    _print_outcome(outcome)
-    return 0 if not outcome["errors"] else 1
+    config = load_sweep_config(sweep_config_path(args.config), overrides=tuple(overrides))
+    # run_sweep checks everything that can fail without writing (hpo.sweep.preflight_sweep)
+    # before it imports Ray or MLflow or writes a file.
+    return _finish(run_sweep(config, address=args.address))
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     from hpo.sweep import resume_sweep
 
-    outcome = resume_sweep(args.output_dir, address=args.address)
+    return _finish(resume_sweep(args.output_dir, address=args.address))
+
+
+def _finish(outcome: dict) -> int:
+    """Print the outcome; the exit status: 0 done, 1 trial errors or every trial diverged,
+    130 interrupted (resumable)."""
     _print_outcome(outcome)
-    return 0 if not outcome["errors"] else 1
+    if outcome.get("interrupted"):
+        print(f"error: sweep interrupted; continue it with `hpo resume {outcome['output']}`", file=sys.stderr)
+        return 130
+    if outcome.get("all_diverged"):
+        n = len(outcome["diverged"])
+        print(f"error: every trial diverged ({n} of {n}); no configuration to pick (lower the learning rates?)",
+              file=sys.stderr)
+        return 1
+    return 1 if outcome["errors"] else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -69,6 +101,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hpo.calibrate import calibrate, calibrate_from_curves, user_curves_config
 
     overrides = tuple(args.set or [])
+    if args.config:
+        _check_calibration_name(args.config, overrides)
     if args.from_curves or args.from_mlflow:
         from hpo.curve_import import CurveImportError, load_curves_file, load_mlflow_curves
 
@@ -80,6 +114,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             overrides += (f"predictor_out={args.predictor_out}",)
         label = Path(args.from_curves).stem if args.from_curves else f"mlflow_{args.from_mlflow}"
         config = user_curves_config(label, args.config, overrides)
+        try:
+            check_safe_name(config.name)
+        except ValueError as exc:
+            raise ConfigError(f"name: {exc}") from None
         try:
             if args.from_curves:
                 imported = load_curves_file(args.from_curves, smoothing_fraction=args.smoothing_fraction)
@@ -114,10 +152,25 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_calibration_name(config: str, overrides: tuple[str, ...]) -> None:
+    """A calibration's name becomes folder names (its Ray experiment, runs/calibration/<name>):
+    refuse one that could leave them ('../x') before anything runs."""
+    raw = apply_overrides(read_yaml(config), overrides)
+    try:
+        check_safe_name(raw.get("name", "calibration"))
+    except ValueError as exc:
+        raise ConfigError(f"{config}: name: {exc}") from None
+
+
 def _print_outcome(outcome: dict) -> None:
     from hpo.report import print_report
 
     print_report(outcome["report"])
+    for trial in outcome.get("diverged", []):
+        config = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in (trial.get("config") or {}).items() if not str(k).startswith("_"))
+        where = f" at t̂ = {trial['diverged_at']:.3g}" if trial.get("diverged_at") is not None else ""
+        print(f"diverged: trial {trial['trial_id']} ({config}){where}")
     for error in outcome["errors"]:
         print(f"trial error: {error}", file=sys.stderr)
     print(f"outputs: {outcome['output']}")
@@ -135,14 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_cmd_train)
 
     sweep = sub.add_parser("sweep", help="run a sweep with early stopping by predicted final loss")
-    sweep.add_argument("config", help="YAML sweep config")
+    sweep.add_argument("config", help="YAML sweep config, or the name of a packaged one (quickstart)")
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
     sweep.add_argument("--audit", action="store_true", help="stop nothing; record decisions only")
     sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     sweep.add_argument("--output", help="output directory (overrides output_dir)")
     sweep.set_defaults(func=_cmd_sweep)
 
-    resume = sub.add_parser("resume", help="continue an interrupted sweep")
+    resume = sub.add_parser("resume", help="continue an interrupted sweep (a directory you trust: Ray's "
+                                           "experiment state in it is unpickled)")
     resume.add_argument("output_dir")
     resume.add_argument("--address", help="Ray cluster address")
     resume.set_defaults(func=_cmd_resume)
@@ -157,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--from-curves", metavar="FILE",
                            help="calibrate on your own curves: CSV or parquet (columns: configs/curves/README.md)")
     calibrate.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="calibrate on the runs of an MLflow experiment")
-    calibrate.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow (default: MLflow's)")
+    calibrate.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow (default: MLFLOW_TRACKING_URI, "
+                                "else ./mlflow.db or ./mlruns if there)")
     calibrate.add_argument("--metric", default="loss", help="loss metric name for --from-mlflow (default loss)")
     calibrate.add_argument("--smoothing-fraction", type=float, default=0.0,
                            help="smooth imported losses over this fraction of each run's tokens (default 0: "
@@ -170,14 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from hpo.curve_bank import CurveBankError
     from hpo.scheduler_state import StateFileError
 
     try:
         return int(args.func(args))
-    except (ConfigError, StateFileError, CurveBankError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (InputError, StateFileError) as exc:  # ConfigError, TrackingUriError, CurveBankError, ...
+        print(f"error: {strip_credentials(str(exc))}", file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 - a bug or an outside failure: the traceback, without passwords
+        print(strip_credentials(traceback.format_exc()), file=sys.stderr, end="")
+        return 1
 
 
 if __name__ == "__main__":

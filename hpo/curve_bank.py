@@ -18,18 +18,28 @@ Schema (long format, one row per logged point; zstd-compressed parquet):
 | ``config_json`` | the resolved trainer config (JSON), to rerun exactly |
 
 Loading never unpickles anything: parquet only.
+
+Several processes may append to one bank (two calibrations sharing a bank, a calibration and
+an audit): :func:`append_runs` holds an exclusive ``fcntl.flock`` on ``<bank>.lock`` for the
+whole read-modify-write and replaces the file atomically through a uniquely named temporary
+file (``predictors.io.atomic_write_with``), so no append is lost and a reader never sees a
+half-written file. Readers take no lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
-import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
+
+from hpo.errors import InputError
+from predictors.io import atomic_write_with
 
 RUN_COLUMNS = (
     "run_id", "sweep", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
@@ -39,7 +49,7 @@ RUN_COLUMNS = (
 POINT_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
 
 
-class CurveBankError(ValueError):
+class CurveBankError(InputError):
     """The bank file is missing columns or unreadable; the message names the file."""
 
 
@@ -77,23 +87,48 @@ def curve_frame(run: dict[str, Any], points: Sequence[dict[str, Any]]) -> pd.Dat
     return frame[list(RUN_COLUMNS + POINT_COLUMNS)]
 
 
+def lock_path(path: str | Path) -> Path:
+    """The lock file of a bank: ``<bank>.lock`` beside it (kept; removing it would race)."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+@contextlib.contextmanager
+def bank_lock(path: str | Path) -> Iterator[None]:
+    """Hold the bank's exclusive inter-process lock (``flock`` on :func:`lock_path`).
+
+    ``flock`` locks are released by the kernel when the holder dies, so a killed writer never
+    leaves the bank locked.
+    """
+    lock = lock_path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def append_runs(path: str | Path, frames: Iterable[pd.DataFrame]) -> int:
-    """Add runs to the bank (replacing any with the same run_id); atomic write. Returns rows."""
+    """Add runs to the bank (replacing any with the same run_id). Returns rows added.
+
+    Safe against concurrent appends from other processes: the read-modify-write runs under
+    :func:`bank_lock`, and the new file replaces the old one atomically.
+    """
     path = Path(path)
     new = [f for f in frames if len(f)]
     if not new:
         return 0
-    existing = load_bank(path)
     added = pd.concat(new, ignore_index=True)
-    if len(existing):
-        existing = existing[~existing["run_id"].isin(set(added["run_id"]))]
-        combined = pd.concat([existing, added], ignore_index=True)
-    else:
-        combined = added
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.parquet")
-    combined.to_parquet(tmp, compression="zstd", index=False)
-    os.replace(tmp, path)
+    with bank_lock(path):
+        existing = load_bank(path)
+        if len(existing):
+            existing = existing[~existing["run_id"].isin(set(added["run_id"]))]
+            combined = pd.concat([existing, added], ignore_index=True)
+        else:
+            combined = added
+        atomic_write_with(path, lambda tmp: combined.to_parquet(tmp, compression="zstd", index=False))
     return len(added)
 
 

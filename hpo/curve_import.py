@@ -16,12 +16,20 @@ Long format, one row per logged point (the columns are documented in ``configs/c
 
 A run with a non-finite loss is treated as diverged and left out with a note; so is a run that
 does not reach the end of training (t̂ ≥ 0.99) or has fewer than 5 points. Everything else that
-is wrong raises one :class:`CurveImportError` naming the source, the column and the run.
+is wrong raises one :class:`CurveImportError` naming the source, the column and the run; that
+includes a loss above :data:`MAX_LOSS` (a cross-entropy in nats is far below it; such a value is
+an overflow or a unit error, and the fit would overflow on it).
+
+The MLflow source never creates a store: without ``--tracking-uri`` (or
+``MLFLOW_TRACKING_URI``) it reads MLflow's default store in the working directory only if one is
+there, an HTTP server must answer within seconds, and the URI's user part (a password) never
+reaches a message or the predictor's provenance (``hpo.tracking_uri``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -29,6 +37,8 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from hpo.errors import InputError
+from hpo.tracking_uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
 from predictors import Controls, Curve, smooth_loss
 from predictors.equations import adamw_timescale
 from predictors.normalize import T_HAT_SLACK
@@ -51,9 +61,12 @@ OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "seed", "co
 NO_VALUE = ("inf", "Infinity", "-Infinity", "NaN", "nan", "null", "None", "")
 MIN_POINTS = 5
 COMPLETE_T = 0.99
+#: Largest loss accepted. Language-model losses in nats are O(1-10); 1e6 leaves room for any
+#: unit while keeping the fit's squared residuals far from float overflow.
+MAX_LOSS = 1e6
 
 
-class CurveImportError(ValueError):
+class CurveImportError(InputError):
     """Imported curves are unusable; the message names the source, the column and the run."""
 
 
@@ -227,6 +240,10 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
         return None, f"run {run_id}: non-finite loss from t̂ = {first:.3g} on (diverged); left out"
     if np.any(loss <= 0):
         raise CurveImportError(f"{source}: run {run_id}: column 'loss' must be > 0")
+    if np.any(loss > MAX_LOSS):
+        worst = int(np.argmax(loss))
+        raise CurveImportError(f"{source}: run {run_id}: column 'loss' is {loss[worst]:.3g} at t̂ = {t_hat[worst]:.3g}; "
+                               f"losses must be at most {MAX_LOSS:g} (an overflow or a unit error?)")
     keep = t_hat > 0  # t̂ = 0 is before any step: no loss yet to normalise
     t_hat, loss, tokens = t_hat[keep], loss[keep], t_hat[keep] * total
     if t_hat.size < MIN_POINTS:
@@ -252,11 +269,12 @@ def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None
     carry params. The rows then go through :func:`curves_from_frame`, so validation is
     identical; the run id is the MLflow run id, its run name goes to ``meta["run_name"]``.
     """
+    uri = _existing_store(tracking_uri)
+    source = f"mlflow:{strip_credentials(uri)}#{experiment_id}"
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    source = f"mlflow:{tracking_uri or 'default tracking URI'}#{experiment_id}"
+    client = MlflowClient(tracking_uri=use_credentials(uri))
     try:
         experiment = client.get_experiment(str(experiment_id))
     except MlflowException:
@@ -287,6 +305,29 @@ def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None
     if skipped:
         notes.append(f"{skipped} run(s) with params but no {metric!r} history skipped (e.g. a sweep's parent run)")
     return ImportedCurves(imported.curves, notes, source)
+
+
+def _existing_store(tracking_uri: Optional[str]) -> str:
+    """The tracking URI to read from: the one given, else ``MLFLOW_TRACKING_URI``, else
+    MLflow's default store in the working directory if it exists. Checked before MLflow is
+    touched, so a wrong URI is one message and creates nothing (MLflow would create an
+    empty ``mlflow.db`` in the working directory)."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    field_name = "--tracking-uri" if tracking_uri else "MLFLOW_TRACKING_URI"
+    if not uri:
+        for default in ("mlflow.db", "mlruns"):
+            if Path(default).exists():
+                uri = f"sqlite:///{Path(default).resolve()}" if default == "mlflow.db" else str(Path(default).resolve())
+                field_name = f"MLflow's default store ./{default}"
+                break
+        else:
+            raise CurveImportError("--from-mlflow: no MLflow store to read: give --tracking-uri URI (or set "
+                                   "MLFLOW_TRACKING_URI); there is no ./mlflow.db or ./mlruns here")
+    try:
+        check_tracking_uri(uri, field_name, must_exist=True)
+    except TrackingUriError as exc:
+        raise CurveImportError(str(exc)) from None
+    return uri
 
 
 def _mlflow_run_frame(client: Any, run: Any, metric: str) -> tuple[Optional[pd.DataFrame], str]:

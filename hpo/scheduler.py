@@ -33,7 +33,7 @@ only k trials would exist at the first rung; limit concurrency with per-trial re
 
 Example:
     >>> from predictors import Predictor
-    >>> scheduler = CollapseScheduler(predictor=Predictor.load("configs/predictors/default.json"),
+    >>> scheduler = CollapseScheduler(predictor=Predictor.load("hpo/data/predictors/default.json"),
     ...                               metric="loss", mode="min", rungs=(0.1, 0.2, 0.3))
     >>> scheduler.decision_mode, scheduler.rungs
     ('sync', (0.1, 0.2, 0.3))

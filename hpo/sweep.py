@@ -2,25 +2,40 @@
 
 ``run_sweep(config)`` is what ``hpo sweep`` calls; ``resume_sweep(output_dir)`` is what
 ``hpo resume`` calls. Both end by writing the report into ``<output>/report``.
+
+Order of work, so that bad input writes nothing: :func:`preflight_sweep` /
+:func:`preflight_resume` check everything that can be checked without writing (config,
+predictor file, output directory, tracking URI, a resumable Ray experiment) and import neither
+Ray nor MLflow; then Ray starts; only then are files and MLflow runs created.
+
+Resuming. Everything a resumed sweep writes is built from the directory being resumed: the
+scheduler (its state file), the MLflow tracker and the early answer are constructed anew for
+that directory and handed to ``tune.run(resume_config=...)``, which restores Ray's trials
+from the experiment state in ``<output>/ray/<name>``. (``Tuner.restore`` would instead unpickle
+the scheduler and callbacks built for the original directory, and a copied or moved sweep
+would go on writing there.) A default SQLite store moved with the folder has its artifact
+locations re-pointed (``hpo.tracking.relocate_sqlite_store``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
-from hpo.early_answer import EarlyAnswer
-from hpo.overrides import ConfigError
+from hpo.overrides import ConfigError, read_yaml
 from hpo.sweep_config import SweepConfig, load_sweep_config
-from hpo.tracking import MlflowSweepCallback, SweepTracker
+from hpo.tracking_uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
+from predictors.io import atomic_write_bytes, atomic_write_text
 
 STATE_FILE = "scheduler_state.json"
 CONFIG_FILE = "sweep.yaml"
+PREDICTOR_FILE = "predictor.json"
+#: Files whose presence means a directory already holds a sweep.
+SWEEP_MARKERS = (CONFIG_FILE, STATE_FILE, "mlflow_runs.json", "ray")
 
 
 def _search_space(config: SweepConfig) -> dict[str, Any]:
@@ -50,6 +65,11 @@ def _base_trainer(config: SweepConfig) -> dict[str, Any]:
     return base
 
 
+def experiment_dir(config: SweepConfig) -> Path:
+    """The Ray experiment folder of a sweep: ``<output>/ray/<name>``."""
+    return config.output_path() / "ray" / config.name
+
+
 def _trainable(config: SweepConfig) -> Any:
     from ray import tune
 
@@ -57,7 +77,9 @@ def _trainable(config: SweepConfig) -> Any:
 
     resources = {"cpu": config.resources.cpu, "gpu": config.resources.gpu}
     return tune.with_resources(
-        tune.with_parameters(CollapseTrainable, base_trainer=_base_trainer(config)), resources
+        tune.with_parameters(CollapseTrainable, base_trainer=_base_trainer(config),
+                             experiment_dir=str(experiment_dir(config))),
+        resources,
     )
 
 
@@ -67,7 +89,7 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
     if ray.is_initialized():
         return
     address = address or config.ray.address or os.environ.get("RAY_ADDRESS")
-    env = {"MLFLOW_TRACKING_URI": tracking_uri}
+    env = {"MLFLOW_TRACKING_URI": strip_credentials(tracking_uri)}
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False)
     else:
@@ -80,7 +102,7 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any) -> Any
     from hpo.scheduler import CollapseScheduler
     from predictors import Predictor
 
-    predictor = Predictor.load(output / "predictor.json")
+    predictor = Predictor.load(output / PREDICTOR_FILE)
     return CollapseScheduler(
         predictor=predictor,
         metric=config.scheduler.metric,
@@ -95,97 +117,127 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any) -> Any
     )
 
 
-def prepare_output(config: SweepConfig) -> Path:
-    """Create the output directory and write the resolved config and predictor copy.
+# ----------------------------------------------------------------------------- checks (no writes)
 
-    Called only after validation, so a bad config writes nothing.
-    """
-    predictor_path = config.predictor_path()
-    if not predictor_path.exists():
-        raise ConfigError(f"predictor: {predictor_path}: no such file")
+
+def check_predictor(path: Path, field: str = "predictor") -> None:
+    """Refuse a predictor path that is missing, a directory, or not a valid predictor file."""
+    if not path.exists():
+        raise ConfigError(f"{field}: {path}: no such file")
+    if path.is_dir():
+        raise ConfigError(f"{field}: {path}: is a directory, not a predictor JSON file")
     from predictors import Predictor
 
     try:
-        Predictor.load(predictor_path)  # validate before writing anything
-    except ValueError as exc:  # the message names the file and the field
-        raise ConfigError(f"predictor: {exc}") from None
+        Predictor.load(path)
+    except (ValueError, OSError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        message = " ".join(str(exc).split())
+        raise ConfigError(f"{field}: {message if str(path) in message else f'{path}: {message}'}") from None
+
+
+def _check_tracking(config: SweepConfig) -> None:
+    if config.mlflow.tracking_uri:
+        try:
+            check_tracking_uri(config.mlflow.tracking_uri, "mlflow.tracking_uri")
+        except TrackingUriError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _check_creatable(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"output_dir: {output} exists and is not a directory")
+    ancestor = output
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir: cannot create {output} ({ancestor} is not a writable directory)")
+
+
+def preflight_sweep(config: SweepConfig) -> Path:
+    """Every check of a new sweep that needs no write; returns the output directory."""
+    check_predictor(config.predictor_path())
     output = config.output_path()
-    if (output / STATE_FILE).exists():
-        raise ConfigError(
-            f"output_dir: {output} already holds a sweep; use `hpo resume {output}` or pick "
-            "another output_dir"
-        )
-    output.mkdir(parents=True, exist_ok=True)
-    resolved = config.model_dump(mode="json")
-    # Absolute paths, so `hpo resume <output>` works from any working directory.
-    resolved["output_dir"] = str(output)
-    resolved["predictor"] = str(output / "predictor.json")
-    (output / CONFIG_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False))
-    shutil.copyfile(predictor_path, output / "predictor.json")
+    _check_creatable(output)
+    held = [m for m in SWEEP_MARKERS if (output / m).exists()]
+    if held:
+        raise ConfigError(f"output_dir: {output} already holds a sweep ({held[0]}); use `hpo resume {output}` "
+                          "or pick another output_dir")
+    _check_tracking(config)
     return output
 
 
-def _execute(config: SweepConfig, output: Path, address: Optional[str], restore: bool) -> dict[str, Any]:
-    from ray import tune
+def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
+    """Every check of ``hpo resume`` that needs no write.
 
-    from hpo.progress import SweepProgress
-    from hpo.report import write_report
-    from hpo.trainable import short_trial_dirname
+    Returns the config (its ``output_dir`` and ``predictor`` re-pointed at ``output_dir``:
+    a copied or moved sweep is resumed where it is now), the output directory, and the
+    directory the sweep was created in (from ``sweep.yaml``).
+    """
+    output = Path(output_dir).resolve()
+    if not output.exists():
+        raise ConfigError(f"{output_dir}: no such directory")
+    if not output.is_dir():
+        raise ConfigError(f"{output_dir}: not a directory")
+    config_path = output / CONFIG_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"{output}: not a sweep output directory (no {CONFIG_FILE})")
+    raw = read_yaml(str(config_path))
+    created_in = Path(str(raw.get("output_dir") or output))
+    raw.update(output_dir=str(output), predictor=str(output / PREDICTOR_FILE))
+    config = load_sweep_config(data=raw, source=str(config_path))
+    experiment = experiment_dir(config)
+    if not any(experiment.glob("experiment_state-*.json")):
+        raise ConfigError(f"{output}: nothing to resume: no Ray experiment state in {experiment} (the sweep "
+                          "ended before Ray saved any); run it again with `hpo sweep` into a new output_dir")
+    check_predictor(output / PREDICTOR_FILE)
+    if (output / STATE_FILE).exists():
+        from hpo.scheduler_state import SchedulerState
 
-    artifacts = None if config.mlflow.tracking_uri else (output / "mlartifacts").as_uri()
-    tracker = SweepTracker(config.tracking_uri(), config.mlflow.experiment, output, config.name,
-                           artifact_location=artifacts)
-    tracker.parent_run_id(params={
-        "sweep": config.name, "scheduler_mode": config.scheduler.mode,
-        "rungs": config.scheduler.rungs, "search_space": {
-            k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()},
-    })
-    _init_ray(config, address, tracker.tracking_uri)
-    experiment_path = output / "ray" / config.name
-    if restore:
-        if not tune.Tuner.can_restore(str(experiment_path)):
-            raise ConfigError(f"{output}: no Ray experiment to resume at {experiment_path}")
-        tuner = tune.Tuner.restore(str(experiment_path), trainable=_trainable(config),
-                                   resume_unfinished=True, resume_errored=True)
-    else:
-        early = EarlyAnswer(output, tracker)
-        scheduler = build_scheduler(config, output, early)
-        progress = SweepProgress(scheduler)
-        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
-        # In sync mode, paused trials count as live for max_concurrent_trials, which would
-        # starve the rung of trials; concurrency then comes from per-trial resources alone.
-        max_concurrent = (config.ray.max_concurrent_trials
-                          if config.scheduler.mode != "sync" else None)
-        tuner = tune.Tuner(
-            _trainable(config),
-            param_space=_search_space(config),
-            tune_config=tune.TuneConfig(
-                metric=config.scheduler.metric, mode="min", scheduler=scheduler,
-                num_samples=config.num_samples, max_concurrent_trials=max_concurrent,
-                trial_dirname_creator=short_trial_dirname, reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=config.name, storage_path=str(output / "ray"), verbose=0,
-                callbacks=[mlflow_cb, progress],
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=25),
-                failure_config=tune.FailureConfig(max_failures=1),
-            ),
-        )
-    results = tuner.fit()
-    errors = [str(e) for e in getattr(results, "errors", [])]
-    report = write_report(output)
-    state = json.loads((output / STATE_FILE).read_text()) if (output / STATE_FILE).exists() else {}
-    for trial_id, trial in state.get("trials", {}).items():
-        try:
-            run_id = tracker.child_run_id(trial_id, trial_id)
-            tracker.client.set_tag(run_id, "status", verdict_from_state(trial))
-            tracker.client.set_terminated(run_id, status="FINISHED")
-        except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
-            pass
-    tracker.log_parent_artifacts([output / "report", output / STATE_FILE,
-                                  output / "predicted_best.json", output / CONFIG_FILE])
-    tracker.finish_parent("FAILED" if errors else "FINISHED")
-    return {"output": str(output), "report": report, "errors": errors}
+        SchedulerState.load(output / STATE_FILE)  # a malformed state: StateFileError naming the file
+    _check_tracking(config)
+    return config, output, created_in
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+def resolved_config_text(config: SweepConfig, output: Path) -> str:
+    """``sweep.yaml``: the resolved config with absolute paths and no credentials."""
+    resolved = config.model_dump(mode="json")
+    # Absolute paths, so `hpo resume <output>` works from any working directory.
+    resolved["output_dir"] = str(output)
+    resolved["predictor"] = str(output / PREDICTOR_FILE)
+    if resolved["mlflow"].get("tracking_uri"):
+        resolved["mlflow"]["tracking_uri"] = strip_credentials(resolved["mlflow"]["tracking_uri"])
+    return yaml.safe_dump(resolved, sort_keys=False)
+
+
+def prepare_output(config: SweepConfig) -> Path:
+    """Create the output directory and write the resolved config and predictor copy.
+
+    Called only after :func:`preflight_sweep`, so a bad config writes nothing.
+    """
+    output = config.output_path()
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output / CONFIG_FILE, resolved_config_text(config, output))
+    atomic_write_bytes(output / PREDICTOR_FILE, config.predictor_path().read_bytes())
+    return output
+
+
+def _relocate(config: SweepConfig, output: Path, created_in: Path) -> None:
+    """A sweep resumed somewhere else than where it was created: point its own records here."""
+    from hpo.tracking import relocate_sqlite_store
+
+    if created_in.resolve() == output:
+        return
+    if not config.mlflow.tracking_uri:  # the default store lives in (and moved with) the folder
+        relocate_sqlite_store(config.tracking_uri(), created_in, output)
+    atomic_write_text(output / CONFIG_FILE, resolved_config_text(config, output))
+
+
+def _state(output: Path) -> dict[str, Any]:
+    path = output / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def verdict_from_state(trial: dict[str, Any]) -> str:
@@ -200,14 +252,87 @@ def verdict_from_state(trial: dict[str, Any]) -> str:
     return "completed" if status == "completed" else str(status)
 
 
+def diverged_trials(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scheduler records of trials that diverged, in trial order."""
+    trials = state.get("trials", {})
+    return [dict(t, trial_id=tid) for tid, t in sorted(trials.items(), key=lambda kv: kv[1].get("order", 0))
+            if t.get("status") == "diverged" or t.get("diverged_at") is not None]
+
+
+def _execute(config: SweepConfig, output: Path, address: Optional[str], restore: bool,
+             created_in: Optional[Path] = None) -> dict[str, Any]:
+    from ray import tune
+    from ray.tune import ResultGrid, ResumeConfig
+
+    from hpo.early_answer import EarlyAnswer
+    from hpo.progress import SweepProgress
+    from hpo.report import write_report
+    from hpo.tracking import MlflowSweepCallback, SweepTracker
+    from hpo.trainable import short_trial_dirname
+
+    # Credentials of an http(s) URI go to MLflow's environment variables of this process;
+    # from here on only the stripped URI exists.
+    tracking_uri = use_credentials(config.tracking_uri())
+    _init_ray(config, address, tracking_uri)
+    if restore:
+        _relocate(config, output, created_in or output)
+    else:
+        prepare_output(config)
+    artifacts = None if config.mlflow.tracking_uri else (output / "mlartifacts").as_uri()
+    tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
+                           artifact_location=artifacts)
+    params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
+              "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
+    with tracker.running(params):
+        early = EarlyAnswer(output, tracker)
+        scheduler = build_scheduler(config, output, early)
+        if restore:
+            tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
+        progress = SweepProgress(scheduler)
+        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
+        # In sync mode, paused trials count as live for max_concurrent_trials, which would
+        # starve the rung of trials; concurrency then comes from per-trial resources alone.
+        max_concurrent = config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None
+        analysis = tune.run(
+            _trainable(config),
+            name=config.name, storage_path=str(output / "ray"),
+            metric=config.scheduler.metric, mode="min",
+            config=_search_space(config), num_samples=config.num_samples,
+            scheduler=scheduler, max_concurrent_trials=max_concurrent,
+            trial_dirname_creator=short_trial_dirname, reuse_actors=True, verbose=0,
+            callbacks=[mlflow_cb, progress],
+            # No checkpoint at end: the trainable writes its own final checkpoint before its
+            # last result leaves the worker (hpo.trainable).
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=25,
+                                                    checkpoint_at_end=False),
+            max_failures=1, raise_on_failed_trial=False,
+            resume_config=(ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME,
+                                        errored=ResumeConfig.ResumeType.RESUME) if restore else None),
+        )
+        errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
+        interrupted = any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+        report = write_report(output)
+        state = _state(output)
+        for trial_id, trial in state.get("trials", {}).items():
+            try:
+                tracker.close_child(trial_id, verdict_from_state(trial),
+                                    "FAILED" if trial.get("status") == "error" else "FINISHED")
+            except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
+                pass
+        tracker.log_parent_artifacts([output / "report", output / STATE_FILE,
+                                      output / "predicted_best.json", output / CONFIG_FILE])
+        diverged = diverged_trials(state)
+        all_diverged = bool(state.get("trials")) and len(diverged) == len(state["trials"])
+        tracker.finish_parent("KILLED" if interrupted else "FAILED" if errors or all_diverged else "FINISHED")
+    return {"output": str(output), "report": report, "errors": errors, "diverged": diverged,
+            "all_diverged": all_diverged, "interrupted": interrupted}
+
+
 def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, Any]:
-    output = prepare_output(config)
+    output = preflight_sweep(config)
     return _execute(config, output, address, restore=False)
 
 
-def resume_sweep(output_dir: str, address: Optional[str] = None) -> dict[str, Any]:
-    output = Path(output_dir).resolve()
-    if not (output / CONFIG_FILE).exists():
-        raise ConfigError(f"{output}: not a sweep output directory (no {CONFIG_FILE})")
-    config = load_sweep_config(output / CONFIG_FILE)
-    return _execute(config, output, address, restore=True)
+def resume_sweep(output_dir: str | Path, address: Optional[str] = None) -> dict[str, Any]:
+    config, output, created_in = preflight_resume(output_dir)
+    return _execute(config, output, address, restore=True, created_in=created_in)

@@ -18,13 +18,20 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+from hpo.overrides import (
+    ConfigError,
+    apply_overrides,
+    check_finite,
+    check_safe_name,
+    format_validation_error,
+    read_yaml,
+)
 from predictors.equations import power_lines_tau
 from trainers.config import TrainConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PREDICTOR = REPO_ROOT / "configs" / "predictors" / "default.json"
 SEARCHABLE = ("lr", "batch_size", "weight_decay", "tau", "seed")
+#: Searched keys whose values must be whole numbers (a seed of 0.5 is not a seed).
+INTEGER_KEYS = ("batch_size", "seed")
 
 
 def merge_trial(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -39,9 +46,12 @@ def merge_trial(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, An
     if "tau" in overrides:
         merged.pop("weight_decay", None)
     merged.update({k: v for k, v in overrides.items() if not str(k).startswith("_")})
-    for key in ("batch_size", "seed"):
-        if key in merged:
-            merged[key] = int(merged[key])
+    for key in INTEGER_KEYS:
+        # Only whole floats (2048.0) become ints; 0.5 stays 0.5 so that validation refuses it
+        # instead of training seed 0.
+        value = merged.get(key)
+        if isinstance(value, float) and value.is_integer():
+            merged[key] = int(value)
     return merged
 
 
@@ -61,7 +71,7 @@ class Dimension(_Strict):
         given = [k for k in ("grid", "choice", "loguniform") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of grid, choice, loguniform")
-        values = self.grid or self.choice
+        values = self.grid if self.grid is not None else self.choice
         if values is not None and len(values) == 0:
             raise ValueError(f"{given[0]} must list at least one value")
         if self.loguniform is not None:
@@ -141,10 +151,31 @@ class RaySettings(_Strict):
     num_cpus: Optional[int] = None
     max_concurrent_trials: Optional[int] = None
 
+    @field_validator("num_cpus", "max_concurrent_trials")
+    @classmethod
+    def _at_least_one(cls, value: Optional[int]) -> Optional[int]:
+        if value is not None and value < 1:
+            raise ValueError("must be >= 1 (or null)")
+        return value
+
 
 class MlflowSettings(_Strict):
     tracking_uri: Optional[str] = None  # default: sqlite:///<output>/mlflow.db (absolute)
     experiment: str = "collapse-hpo"
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _not_blank(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.strip():
+            raise ValueError("must be a URI or null (the default store in the output directory)")
+        return value
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
 
 
 class SweepConfig(_Strict):
@@ -156,10 +187,17 @@ class SweepConfig(_Strict):
     search_space: dict[str, Dimension] = Field(default_factory=dict)
     num_samples: int = 1
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
-    predictor: Optional[str] = None  # default: configs/predictors/default.json
+    predictor: Optional[str] = None  # default: the shipped predictor (hpo.data.DEFAULT_PREDICTOR)
     resources: Resources = Field(default_factory=Resources)
     ray: RaySettings = Field(default_factory=RaySettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        # The name is a directory under <output>/ray: '../x' would put the Ray experiment
+        # (tuner.pkl, checkpoints) outside the output directory.
+        return check_safe_name(value)
 
     @field_validator("search_space")
     @classmethod
@@ -169,6 +207,15 @@ class SweepConfig(_Strict):
             raise ValueError(f"cannot search {unknown}; searchable keys are {list(SEARCHABLE)}")
         if "tau" in space and "weight_decay" in space:
             raise ValueError("search one of weight_decay or tau, not both")
+        for key in INTEGER_KEYS:
+            dim = space.get(key)
+            if dim is None:
+                continue
+            if dim.loguniform is not None:
+                raise ValueError(f"{key}: a whole number; search it with grid or choice, not loguniform")
+            fractional = [v for v in (dim.grid or dim.choice or []) if not float(v).is_integer()]
+            if fractional:
+                raise ValueError(f"{key}: values must be whole numbers, got {fractional}")
         return space
 
     @field_validator("num_samples")
@@ -184,7 +231,9 @@ class SweepConfig(_Strict):
         return Path(self.output_dir or f"runs/{self.name}").resolve()
 
     def predictor_path(self) -> Path:
-        return Path(self.predictor).resolve() if self.predictor else DEFAULT_PREDICTOR
+        from hpo.data import default_predictor_path
+
+        return Path(self.predictor).resolve() if self.predictor else default_predictor_path()
 
     def tracking_uri(self) -> str:
         if self.mlflow.tracking_uri:
@@ -209,16 +258,17 @@ class SweepConfig(_Strict):
 
 
 def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dict] = None,
-                      overrides: tuple[str, ...] = ()) -> SweepConfig:
+                      overrides: tuple[str, ...] = (), source: Optional[str] = None) -> SweepConfig:
     """Read, override and validate a sweep config; raise ``ConfigError`` naming the field.
 
     Every trial configuration the search space can produce (all grid/choice values, the
     ends of log-uniform ranges) is validated as a ``TrainConfig`` here, before any process
     starts or any file is written.
     """
-    source = str(path) if path is not None else "sweep config"
+    source = source or (str(path) if path is not None else "sweep config")
     raw = read_yaml(str(path)) if path is not None else copy.deepcopy(data or {})
     raw = apply_overrides(raw, overrides)
+    check_finite(raw, source)
     try:
         config = SweepConfig.model_validate(raw)
     except ValidationError as exc:
@@ -227,7 +277,7 @@ def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dic
         raise ConfigError(f"{source}: trainer.tau: power_lines could not be resolved")
     names = list(config.search_space)
     for values in itertools.product(*(config.search_space[n].extremes() for n in names)):
-        overrides_i = {n: (int(v) if n in ("batch_size", "seed") else v) for n, v in zip(names, values)}
+        overrides_i = {n: (int(v) if n in INTEGER_KEYS else v) for n, v in zip(names, values)}
         try:
             TrainConfig.model_validate(config.trial_trainer(overrides_i))
         except ValidationError as exc:

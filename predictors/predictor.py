@@ -151,7 +151,7 @@ class Predictor:
         >>> round(float(predictor.loss_curve([1.0], controls, p.final_loss)[0]), 6)
         1.7
 
-        ``Predictor.load(path)`` reads a calibrated predictor (``configs/predictors/default.json``
+        ``Predictor.load(path)`` reads a calibrated predictor (``hpo/data/predictors/default.json``
         is the shipped one) and ``save(path)`` writes one.
 
     Args:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from hpo.cli import main
+from hpo.data import default_predictor_path
 
 TINY_TRAIN = {
     "model": {"d_model": 32, "n_layers": 1, "d_head": 16, "seq_len": 32,
@@ -96,7 +97,7 @@ def test_sweep_with_malformed_predictor_names_file_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A predictor JSON with a bad field is refused with its path, before any output is written.
-    bad = json.loads(Path("configs/predictors/default.json").read_text())
+    bad = json.loads(default_predictor_path().read_text())
     bad["params"]["eps2"] = -1.0
     predictor = tmp_path / "bad.json"
     predictor.write_text(json.dumps(bad))

@@ -79,3 +79,38 @@ def test_resmooth_reproduces_the_trainers_live_smoothing() -> None:
     live = frame["smoothed_loss"].to_numpy()
     frame["smoothed_loss"] = np.nan
     np.testing.assert_allclose(resmooth(frame)["smoothed_loss"].to_numpy(), live, rtol=1e-12)
+
+
+# A writer process: `python -c WRITER bank prefix n` appends n one-run frames, one at a time.
+WRITER = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_curve_bank import _points, _run
+from hpo.curve_bank import append_runs, curve_frame
+bank, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for i in range(n):
+    append_runs(bank, [curve_frame(_run(f"{{prefix}}{{i}}", 0.1 + i), _points(5))])
+"""
+
+
+def test_concurrent_appends_from_two_processes_lose_nothing(tmp_path: Path) -> None:
+    # Two real processes append 40 runs each to one bank at the same time: the bank ends
+    # readable with all 80 runs, each complete, and no temporary file is left behind.
+    import os
+    import subprocess
+    import sys
+
+    bank = tmp_path / "bank.parquet"
+    script = WRITER.format(tests=str(Path(__file__).resolve().parent))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    writers = [subprocess.Popen([sys.executable, "-c", script, str(bank), prefix, "40"], env=env,
+                                stderr=subprocess.PIPE, text=True) for prefix in ("a", "b")]
+    for writer in writers:
+        _, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err[-2000:]
+    frame = load_bank(bank)
+    counts = frame.groupby("run_id").size()
+    assert sorted(counts.index) == sorted([f"a{i}" for i in range(40)] + [f"b{i}" for i in range(40)])
+    assert (counts == 5).all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bank.parquet", "bank.parquet.lock"]

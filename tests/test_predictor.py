@@ -173,7 +173,7 @@ def test_version_1_files_still_load(tmp_path):
 
 def test_shipped_predictor_states_a_larger_error_off_its_scale():
     # The shipped default carries a measured cross-scale error, larger than the in-scale one.
-    shipped = Predictor.load("configs/predictors/default.json")
+    shipped = Predictor.load("hpo/data/predictors/default.json")
     table = shipped.decision_error
     assert table.cross_scale is not None and "TPP" in table.cross_scale_source
     assert all(c > e for c, e in zip(table.cross_scale, table.rel_error))

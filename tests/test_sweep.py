@@ -85,3 +85,33 @@ def test_resolved_config_saved_with_absolute_paths(finished_sweep: Path) -> None
     # sweep.yaml records where the sweep lives, so `hpo resume` works from anywhere.
     saved = yaml.safe_load((finished_sweep / "sweep.yaml").read_text())
     assert Path(saved["output_dir"]).is_absolute() and Path(saved["predictor"]).exists()
+
+
+def test_a_sweep_where_every_trial_diverged_fails_and_says_so(tmp_path: Path) -> None:
+    # Every trial diverges in its first interval: `hpo sweep` exits non-zero saying so, the
+    # terminal summary lists each diverged trial, and the MLflow parent run is FAILED.
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    output = tmp_path / "out"
+    sweep = tiny_sweep(output)
+    sweep["search_space"] = {"lr": {"grid": [10.0, 100.0]}}
+    config = tmp_path / "diverge.yaml"
+    config.write_text(yaml.safe_dump(sweep))
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "hpo.cli", "sweep", str(config)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "every trial diverged (2 of 2)" in run.stderr
+    diverged_lines = [line for line in run.stdout.splitlines() if line.startswith("diverged: trial")]
+    assert len(diverged_lines) == 2 and any("lr=10" in line for line in diverged_lines)
+    client = MlflowClient(tracking_uri=f"sqlite:///{output / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tiny-test").experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    assert parent.info.status == "FAILED"
+    assert sorted(r.data.tags["status"] for r in runs if r is not parent) == ["diverged", "diverged"]

@@ -20,7 +20,7 @@ from predictors import Predictor
 
 REPO = Path(__file__).resolve().parents[1]
 BANK = REPO / "configs/calibration/default_bank.parquet"
-PREDICTOR = REPO / "configs/predictors/default.json"
+PREDICTOR = REPO / "hpo/data/predictors/default.json"
 
 
 def _load_script() -> ModuleType:

@@ -1,0 +1,151 @@
+"""MLflow tracking URIs: credentials kept out of every file and message, and checked up front.
+
+Stdlib only (importing MLflow takes seconds), so ``hpo sweep`` and ``hpo calibrate`` can refuse
+a bad URI before anything is imported, started or written.
+
+* :func:`strip_credentials` is the one place a URI loses its user part
+  (``scheme://user:password@host`` → ``scheme://host``); it is applied to every URI that is
+  printed or saved (``sweep.yaml``, MLflow artifacts, error messages, a predictor's provenance).
+* :func:`use_credentials` moves the user part of an ``http(s)`` URI into MLflow's own
+  ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` variables of this process, so
+  the client still authenticates while only the stripped URI is kept anywhere.
+* :func:`check_tracking_uri` refuses an unknown scheme, a SQLite or file store in a missing
+  directory, and an HTTP server that does not answer within a few seconds, each with one line
+  naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+from hpo.errors import InputError
+
+#: Schemes MLflow 3 understands without plugins (its tracking-store registry).
+BUILTIN_SCHEMES = frozenset({"", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql",
+                             "databricks", "databricks-uc", "uc"})
+#: Seconds an HTTP tracking server gets to answer the up-front check.
+HTTP_TIMEOUT_S = 5.0
+
+# scheme://user[:password]@ — the user part of any URI inside a text.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@?#]*@")
+
+
+class TrackingUriError(InputError):
+    """The tracking URI cannot be used; the message names the field and the (stripped) URI."""
+
+
+def strip_credentials(text: str) -> str:
+    """``text`` with the user part of every URI in it removed:
+    ``http://user:secret@host:5000/x`` → ``http://host:5000/x``. Works on a bare URI and on
+    any message that contains URIs."""
+    return _USERINFO.sub(r"\1", text) if text else text
+
+
+def use_credentials(uri: str) -> str:
+    """For an ``http(s)`` URI with a user part: put user and password into
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` of this process (MLflow's
+    basic-auth settings) and return the stripped URI. Other URIs come back unchanged (a
+    database URI needs its password in the URI; it is stripped wherever it is shown)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme.lower() not in ("http", "https") or "@" not in parts.netloc:
+        return uri
+    if parts.username:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username)
+    if parts.password:
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
+    return strip_credentials(uri)
+
+
+def _scheme(uri: str) -> str:
+    if "://" not in uri and not uri.startswith("sqlite:"):
+        return ""  # a plain path: MLflow's file store
+    return uri.split(":", 1)[0].lower()
+
+
+def _plugin_schemes() -> set[str]:
+    """Schemes registered by installed MLflow tracking-store plugins (entry points; no import)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name for ep in entry_points(group="mlflow.tracking_store")}
+
+
+def sqlite_path(uri: str) -> Optional[Path]:
+    """The database file of a ``sqlite:`` URI (None for an in-memory database)."""
+    rest = uri[len("sqlite:"):]
+    if rest.startswith("///"):
+        path = rest[3:]
+    elif rest.startswith("//"):
+        path = rest[2:]
+    else:
+        path = rest
+    path = path.split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return None
+    return Path(path if path.startswith("/") else Path.cwd() / path)
+
+
+def check_tracking_uri(uri: str, field: str = "mlflow.tracking_uri", *, must_exist: bool = False,
+                       timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    """Raise :class:`TrackingUriError` (one line naming ``field``) if ``uri`` cannot work.
+
+    Nothing is created: a SQLite database or file store must lie in an existing directory
+    (MLflow would create missing directories silently), and with ``must_exist`` (reading
+    curves) the database itself must exist. An ``http(s)`` server must answer an HTTP request
+    within ``timeout_s`` (MLflow's own client retries for minutes without a word).
+    """
+    shown = strip_credentials(uri)
+    scheme = _scheme(uri)
+    base = scheme.split("+", 1)[0]  # postgresql+psycopg2 → postgresql
+    if base not in BUILTIN_SCHEMES and scheme not in _plugin_schemes():
+        raise TrackingUriError(
+            f"{field}: {shown}: unknown tracking URI scheme {scheme + '://'!r}; use sqlite:///PATH.db, "
+            "file:///DIR, a directory, http(s)://HOST:PORT or a database URI")
+    if scheme == "sqlite":
+        path = sqlite_path(uri)
+        if path is not None:
+            _check_local(path, field, shown, what="database", must_exist=must_exist)
+    elif scheme in ("", "file"):
+        local = Path(urllib.parse.urlsplit(uri).path if scheme == "file" else uri)
+        _check_local(local, field, shown, what="store", must_exist=must_exist, directory=True)
+    elif scheme in ("http", "https"):
+        _check_http(uri, field, shown, timeout_s)
+
+
+def _check_local(path: Path, field: str, shown: str, *, what: str, must_exist: bool,
+                 directory: bool = False) -> None:
+    path = path.absolute()
+    if must_exist and not path.exists():
+        raise TrackingUriError(f"{field}: {shown}: no MLflow {what} at {path}")
+    if path.exists() and directory != path.is_dir():
+        kind = "not a directory" if directory else "a directory, not a database file"
+        raise TrackingUriError(f"{field}: {shown}: {path} is {kind}")
+    if not path.parent.is_dir():
+        raise TrackingUriError(f"{field}: {shown}: directory {path.parent} does not exist "
+                               "(create it first; it is not created for you)")
+
+
+def _check_http(uri: str, field: str, shown: str, timeout_s: float) -> None:
+    parts = urllib.parse.urlsplit(strip_credentials(uri))
+    if not parts.hostname:
+        raise TrackingUriError(f"{field}: {shown}: no host in the URI")
+    # Any HTTP answer (even 401/404) means a server is there; MLflow reports what it thinks.
+    probe = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/health", "", ""))
+    try:
+        with urllib.request.urlopen(probe, timeout=timeout_s):  # noqa: S310 - http(s) only, checked above
+            pass
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            why = f"no answer within {timeout_s:g} s"
+        else:
+            why = strip_credentials(str(getattr(reason, "strerror", None) or reason))
+        raise TrackingUriError(f"{field}: {shown}: MLflow tracking server unreachable ({why})") from None

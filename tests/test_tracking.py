@@ -1,0 +1,79 @@
+"""MLflow records of a sweep on a real SQLite store: no duplicate runs across driver runs, the
+parent FAILED on any exception, runs left RUNNING closed, and a copied store re-pointed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hpo.sweep import verdict_from_state
+from hpo.tracking import SweepTracker, relocate_sqlite_store
+
+
+def _tracker(output: Path) -> SweepTracker:
+    output.mkdir(parents=True, exist_ok=True)
+    return SweepTracker(f"sqlite:///{output / 'mlflow.db'}", "t", output, "sweep",
+                        artifact_location=(output / "mlartifacts").as_uri())
+
+
+def _runs(tracker: SweepTracker) -> list:
+    return tracker.client.search_runs([tracker.experiment_id()])
+
+
+def test_an_exception_marks_the_parent_and_open_children_failed(tmp_path: Path) -> None:
+    tracker = _tracker(tmp_path / "out")
+    with pytest.raises(RuntimeError, match="boom"):
+        with tracker.running({"sweep": "sweep"}):
+            tracker.child_run_id("t1", "trial 1")
+            raise RuntimeError("boom")
+    assert sorted(r.info.status for r in _runs(tracker)) == ["FAILED", "FAILED"]
+
+
+def test_a_new_driver_reuses_runs_even_when_the_id_file_missed_one(tmp_path: Path) -> None:
+    # A driver killed between creating a child run and saving its id: the next driver finds
+    # the run by its trial_id tag instead of creating a second one; the parent is RUNNING again.
+    output = tmp_path / "out"
+    first = _tracker(output)
+    parent = first.start({"sweep": "sweep"})
+    child = first.child_run_id("t1", "trial 1")
+    first.finish_parent("FAILED")
+    ids = json.loads((output / "mlflow_runs.json").read_text())
+    ids["trials"] = {}
+    (output / "mlflow_runs.json").write_text(json.dumps(ids))
+
+    second = _tracker(output)
+    assert second.start() == parent
+    assert second.child_run_id("t1", "trial 1") == child
+    assert len(_runs(second)) == 2
+    assert second.client.get_run(parent).info.status == "RUNNING"
+
+
+def test_resume_closes_runs_of_finished_trials_left_running(tmp_path: Path) -> None:
+    tracker = _tracker(tmp_path / "out")
+    tracker.start()
+    done, live = tracker.child_run_id("done", "done"), tracker.child_run_id("live", "live")
+    trials = {"done": {"status": "stopped", "stopped_at": 0.2}, "live": {"status": "paused"}}
+    assert tracker.close_finished(trials, verdict_from_state) == 1
+    assert tracker.client.get_run(done).info.status == "FINISHED"
+    assert tracker.client.get_run(done).data.tags["status"] == "stopped_at_0.2"
+    assert tracker.client.get_run(live).info.status == "RUNNING"
+
+
+def test_a_copied_store_logs_artifacts_into_the_copy(tmp_path: Path) -> None:
+    # MLflow keeps absolute artifact URIs; after relocation the copy's runs log into the copy.
+    original = tmp_path / "a"
+    tracker = _tracker(original)
+    parent = tracker.start()
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    assert relocate_sqlite_store(f"sqlite:///{copy / 'mlflow.db'}", original, copy) == 2
+    moved = _tracker(copy)
+    assert moved.client.get_run(parent).info.artifact_uri.startswith(copy.as_uri() + "/")
+    note = tmp_path / "note.txt"
+    note.write_text("x")
+    moved.log_parent_artifacts([note])
+    assert list(copy.glob("mlartifacts/*/artifacts/note.txt"))
+    assert not list(original.glob("mlartifacts/**/note.txt"))
