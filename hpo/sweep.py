@@ -98,7 +98,9 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
                  runtime_env={"env_vars": env}, log_to_driver=False)
 
 
-def build_scheduler(config: SweepConfig, output: Path, early_answer: Any) -> Any:
+def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, resume: bool = False) -> Any:
+    """The sweep's CollapseScheduler; ``resume`` continues the decisions saved in ``output``
+    (a sweep killed before its first state write has none yet, and starts them afresh)."""
     from hpo.scheduler import CollapseScheduler
     from predictors import Predictor
 
@@ -114,6 +116,7 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any) -> Any
         decision_mode=config.scheduler.mode,
         state_path=output / STATE_FILE,
         on_early_answer=early_answer,
+        resume=resume and (output / STATE_FILE).exists(),
     )
 
 
@@ -285,7 +288,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
         early = EarlyAnswer(output, tracker)
-        scheduler = build_scheduler(config, output, early)
+        scheduler = build_scheduler(config, output, early, resume=restore)
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
         progress = SweepProgress(scheduler)
