@@ -320,7 +320,9 @@ def build(implementation: str, d_model: int, n_layers: int, threads: int, baseli
     if implementation.startswith("trainer"):
         from trainers.train import Trainer
 
-        trainer = Trainer(_train_config("sp" if implementation == "trainer-sp" else "completep", d_model, n_layers, threads))
+        # Eager: these runs are long enough that compile "auto" would switch it on (--compile measures that).
+        parameterization = "sp" if implementation == "trainer-sp" else "completep"
+        trainer = Trainer(_train_config(parameterization, d_model, n_layers, threads, compile=False))
         # _train_step is the whole hot loop (schedule, sampling, forward, backward, AdamW);
         # train_interval only adds one float conversion per log interval.
         return trainer._train_step, trainer.controls.n_params
@@ -444,7 +446,7 @@ def measure_compile(size: str, threads: int, seconds: float, cache_dir: str) -> 
 
     torch.set_num_threads(threads)
     d_model, n_layers = SIZES[size]
-    eager, eager_first, eager_loss = _first_step_seconds(_train_config("completep", d_model, n_layers, threads))
+    eager, eager_first, eager_loss = _first_step_seconds(_train_config("completep", d_model, n_layers, threads, compile=False))
     compiled, compiled_first, compiled_loss = _first_step_seconds(
         _train_config("completep", d_model, n_layers, threads, compile=True)
     )
@@ -484,17 +486,22 @@ def compile_table(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         eager, compiled = r["tokens_per_s"]["eager"], r["tokens_per_s"]["compiled"]
-        saved_per_step = BATCH_TOKENS / eager - BATCH_TOKENS / compiled
-        extra = r["compiled_warm_first_s"] - r["eager_first_s"]
-        # Steps after which the compiled run has caught up (warm cache), if ever.
-        break_even = f"{extra / saved_per_step:,.0f}" if saved_per_step > 0 else "never"
+        saved_per_token = 1.0 / eager - 1.0 / compiled
+
+        def break_even(first_s: float) -> str:
+            """Tokens after which the compiled run has caught up with the eager one."""
+            extra = first_s - r["eager_first_s"]
+            return f"{extra / saved_per_token / 1e6:.1f}M" if saved_per_token > 0 else "never"
+
         rows.append([
             r["size"], f"{eager:,.0f}", f"{compiled:,.0f}", f"{r['ratio']:.3f}", f"{r['eager_first_s']:.1f}",
-            f"{r['compiled_first_s']:.1f}", f"{r['compiled_warm_first_s']:.1f}", break_even, f"{r['total_steps_tpp20']:,}",
+            f"{r['compiled_first_s']:.1f}", f"{r['compiled_warm_first_s']:.1f}", break_even(r["compiled_first_s"]),
+            break_even(r["compiled_warm_first_s"]), f"{r['total_steps_tpp20'] * BATCH_TOKENS / 1e6:.1f}M",
         ])
     return markdown_table(
         ["size", "eager tok/s", "compiled tok/s", "compiled / eager", "first step eager (s)",
-         "first step compiled, cold cache (s)", "… warm cache (s)", "break-even steps (warm)", "steps at TPP 20"],
+         "first step compiled, cold cache (s)", "… warm cache (s)", "break-even D (cold)", "break-even D (warm)",
+         "D at TPP 20"],
         rows,
     )
 

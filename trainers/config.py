@@ -194,8 +194,9 @@ class TrainConfig(_Strict):
     # "auto": bf16 autocast (+ TF32 for the remaining fp32 matmuls) on CUDA, fp32 on CPU;
     # "float32" is full fp32 everywhere (no TF32).
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # torch.compile of the training forward/backward: true, false, or "auto" (= off: see
-    # trainers.train.resolve_compile and benchmarks/trainer_throughput.md for the measurements).
+    # torch.compile of the training forward/backward: true, false, or "auto" (on CPU for
+    # runs of >= 8M tokens, where it was measured faster end to end; eager otherwise: see
+    # trainers.train.resolve_compile and benchmarks/trainer_throughput.md).
     compile: bool | Literal["auto"] = "auto"
     threads: int | None = Field(None, gt=0)
 

@@ -64,15 +64,35 @@ def resolve_tf32(dtype: str, device: torch.device) -> bool:
     return device.type == "cuda" and dtype != "float32"
 
 
-def resolve_compile(setting: bool | str, device: torch.device) -> bool:
+# torch.compile pays for itself on CPU from about this many training tokens (D) on: the
+# compiled step measured 1.03-1.20× the eager one (0.1M-3M parameters, B = 4,096, T = 128,
+# 1 thread), but compiling took 40-65 s with a cold inductor cache (9-14 s warm), which the
+# faster steps win back after 2-6M tokens (benchmarks/trainer_throughput.md).
+COMPILE_MIN_TOKENS = 8_000_000
+
+
+def _have_cpp_compiler() -> bool:
+    """Inductor's CPU backend compiles C++: is the compiler it would use installed?"""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+        return True
+    except Exception:  # no compiler, or an inductor too old/new for this check
+        return False
+
+
+def resolve_compile(setting: bool | str, device: torch.device, total_tokens: int) -> bool:
     """Whether the training forward/backward runs through ``torch.compile``.
 
-    "auto" is off on every device. On CPU it was measured (benchmarks/trainer_throughput.md):
-    steady state is faster by at most a few percent, while compiling costs ~1-2 minutes per
-    new shape on 2 cores — more than a whole 0.1M-parameter trial. On CUDA it has not been
-    measured here, and it is on by default only where it is measured to be faster.
+    ``true``/``false`` are obeyed. ``"auto"`` compiles only where it was measured to be
+    faster end to end: on CPU, for runs of at least COMPILE_MIN_TOKENS tokens (shorter runs
+    spend more time compiling than the faster steps save), if a C++ compiler is installed.
+    On CUDA it has not been measured, so "auto" stays eager there.
     """
-    return setting is True
+    if setting != "auto":
+        return bool(setting)
+    return device.type == "cpu" and total_tokens >= COMPILE_MIN_TOKENS and _have_cpp_compiler()
 
 
 def _make_adamw(groups: list[dict[str, Any]], config: TrainConfig) -> torch.optim.AdamW:
@@ -110,7 +130,7 @@ class Trainer:
             # switch oneDNN's fp32 matmuls to reduced precision (torch 2.13 sets
             # torch.backends.mkldnn.matmul.fp32_precision = "tf32").
             torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
-        self.compiled = resolve_compile(self.config.compile, self.device)
+        self.compiled = resolve_compile(self.config.compile, self.device, self.controls.total_tokens)
 
         seq_len = self.config.model.seq_len
         self.corpus: Corpus = load_corpus(self.config.data)
