@@ -1,39 +1,73 @@
-"""Trainer throughput: tokens/s and achieved FLOP/s, µP/CompleteP vs plain SP, threads vs processes.
+"""Trainer throughput: our trainer against a plain PyTorch GPT and nn.TransformerEncoder.
 
-For each model size it measures, in the same run:
+For each model size (~0.1M, ~1M, ~3M non-embedding parameters N) one process with
+``--threads`` threads (default 2) builds these step functions and runs them side by side
+in alternating rounds (the order rotates every round), so background load hits them alike:
 
-* ``completep``  our Trainer (CompleteP, at a shape away from the base so every multiplier
-                 and per-group setting is active);
-* ``sp``         our Trainer with parameterization "sp";
-* ``plain``      a minimal standard-parameterization GPT of the same architecture written
-                 in this file (one AdamW group, no multipliers), trained by a bare loop with
-                 the same data sampling, as the "µP must cost nothing" reference;
+* ``trainer``        our Trainer: CompleteP at base 32 × 1 layer, so every µP/CompleteP
+                     multiplier and per-group AdamW setting is live; ALiBi, SwiGLU, RMSNorm;
+* ``trainer-sp``     the same with parameterization "sp" (every multiplier 1): what µP costs;
+* ``plain``          a plain GPT written here: pre-LN (LayerNorm), learned positions,
+                     ``F.scaled_dot_product_attention(is_causal=True)``, GELU MLP (4·d),
+                     fused AdamW with the usual two groups (decay / no decay);
+* ``plain+features`` the same GPT with ALiBi (float-mask SDPA, no position embedding),
+                     SwiGLU (d_ff = 8/3·d) and µP/CompleteP done the plain way (activation
+                     multipliers, per-group AdamW): what the three features cost a plain
+                     implementation;
+* ``torch-encoder``  ``torch.nn.TransformerEncoder`` (norm_first, GELU, causal mask) with the
+                     same embedding, learned positions and head: a library reference;
+* ``trainer@baseline`` (with ``--baseline CHECKOUT``) the trainer of another checkout, e.g.
+                     the commit before a change, imported next to ours: before/after in one
+                     process. ``plain+alibi``, ``plain+swiglu+rmsnorm``, ... time any subset of
+                     the features (alibi, swiglu, mup, rmsnorm) one by one.
 
-each under two CPU layouts: one process with 2 threads, and 2 concurrent processes with 1
-thread each (the aggregate is the sum of the two). Within a process the three
-implementations alternate in short rounds, so background load hits them alike.
-Target: completep within 10% of plain.
+Every one draws its batches with the trainer's sampler and includes sampling, forward,
+backward and the AdamW step. B = 4,096 tokens/step, T = 128, d_head = 32, fp32, no biases.
+
+Reported per size: tokens/s (total tokens / total time), the ratio to ``plain`` and to
+``torch-encoder`` (median over rounds of the per-round ratio), and achieved FLOP/s as a
+fraction of this CPU's fp32 matmul peak, measured in the same process (largest
+``torch.mm`` rate over square sizes 256-2048, before and after the rounds).
 
 FLOP per token (training, forward + backward) =
-    6·(N + 256·d)          matmul parameters (non-embedding N plus lm_head; the embedding is a lookup)
-  + 12·L·T·d               attention scores and mixing over the full T×T masked matrix
-Achieved FLOP/s = FLOP per token × tokens/s.
+    6·(N + 256·d)          matmul parameters (non-embedding N plus lm_head; embeddings are lookups)
+  + 12·L·T·d               attention scores and mixing over the full T×T matrix
 
-Usage:  python benchmarks/trainer_throughput.py [--seconds 8] [--sizes 0.1M,1M,3M] [--quick]
-Default total runtime is a few minutes (sizes × 2 layouts × 3 implementations × seconds,
-plus model building and warmup).
+``--compile`` measures torch.compile instead: eager vs compiled trainer steady state in
+alternating rounds, and time to first step (build + first step, which includes compiling)
+with a cold and with a warm inductor cache.
+
+``--curves OUT.json [--root CHECKOUT]`` trains the collapse ladder's width-64/128 runs with
+the trainer of CHECKOUT and stores the curves; ``--compare-curves BEFORE AFTER`` tabulates
+the differences (how a trainer change is shown not to move the curves).
+
+On a loaded machine two threads per process measure mostly the contention (an OpenMP
+region waits for its slowest thread); ``--threads 1 --cpu-clock`` times each round by the
+thread's CPU time instead, which leaves out the time spent waiting for a core.
+
+Usage:
+    python benchmarks/trainer_throughput.py [--sizes 0.1M,1M,3M] [--seconds 12] [--threads 2]
+    python benchmarks/trainer_throughput.py --baseline ../base-checkout      # before/after
+    python benchmarks/trainer_throughput.py --threads 1 --cpu-clock          # under load
+    python benchmarks/trainer_throughput.py --compile [--sizes 0.1M,1M]
+    python benchmarks/trainer_throughput.py --curves after.json [--root CHECKOUT]
+    python benchmarks/trainer_throughput.py --compare-curves before.json after.json
+    python benchmarks/trainer_throughput.py --quick           # 0.1M, 3 s per implementation
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing as mp
 import os
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,24 +76,47 @@ SIZES: dict[str, tuple[int, int]] = {"0.1M": (64, 2), "1M": (128, 5), "3M": (256
 SEQ_LEN = 128
 BATCH_TOKENS = 4096
 D_HEAD = 32
-IMPLEMENTATIONS = ("plain", "completep", "sp")  # plain first: the others are compared to it
+# µP base shape of the benchmark: every size is away from it, so all factors are live.
+BASE_D_MODEL, BASE_N_LAYERS = 32, 1
+IMPLEMENTATIONS = ("trainer", "trainer-sp", "plain", "plain+features", "torch-encoder")
+ROUND_SECONDS = 1.0  # time per implementation per round
+
+Step = Callable[[], Any]
 
 
-def flop_per_token(n_params: int, d_model: int, n_layers: int, seq_len: int) -> float:
+def flop_per_token(n_params: int, d_model: int, n_layers: int, seq_len: int = SEQ_LEN) -> float:
     return 6.0 * (n_params + 256 * d_model) + 12.0 * n_layers * seq_len * d_model
 
 
-def _train_config(implementation: str, d_model: int, n_layers: int, threads: int) -> dict[str, Any]:
+def matmul_peak(seconds_per_size: float = 0.4, clock: Callable[[], float] = time.perf_counter) -> float:
+    """This CPU's fp32 matmul rate in FLOP/s at the current thread count: the best
+    ``torch.mm`` rate over square sizes 256-2048 (the peak that GEMMs here can reach)."""
+    import torch
+
+    best = 0.0
+    for n in (256, 512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        out = torch.empty(n, n)
+        torch.mm(a, b, out=out)  # warmup
+        count, start = 0, clock()
+        while (elapsed := clock() - start) < seconds_per_size:
+            torch.mm(a, b, out=out)
+            count += 1
+        best = max(best, 2.0 * n**3 * count / elapsed)
+    return best
+
+
+# ---------------------------------------------------------------------- implementations
+def _train_config(parameterization: str, d_model: int, n_layers: int, threads: int, **extra: Any) -> dict[str, Any]:
     return {
         "model": {
             "d_model": d_model,
             "n_layers": n_layers,
             "d_head": D_HEAD,
             "seq_len": SEQ_LEN,
-            # Base 32 x 1: every size is away from the base, so all µP factors are live.
-            "base_d_model": 32,
-            "base_n_layers": 1,
-            "parameterization": "sp" if implementation == "sp" else "completep",
+            "base_d_model": BASE_D_MODEL,
+            "base_n_layers": BASE_N_LAYERS,
+            "parameterization": parameterization,
         },
         "batch_size": BATCH_TOKENS,
         "tokens_per_param": 1e4,  # long enough never to finish during a measurement
@@ -67,65 +124,167 @@ def _train_config(implementation: str, d_model: int, n_layers: int, threads: int
         "tau": 0.3,
         "log_every": 2,
         "threads": threads,
+        "device": "cpu",
+        **extra,
     }
 
 
-def _plain_loop(d_model: int, n_layers: int, threads: int) -> tuple[Any, int]:
-    """A bare SP GPT with the same architecture and data; returns (step function, N)."""
+def _sampler(data_seed: int = 0) -> Any:
+    from trainers.config import DataConfig
+    from trainers.data import TrainSampler, load_corpus, split_corpus
+
+    train, _ = split_corpus(load_corpus(DataConfig()).tokens, 0.1)
+    return TrainSampler(train, SEQ_LEN, data_seed=data_seed)
+
+
+FEATURES = ("alibi", "swiglu", "mup")  # what "plain+features" switches on
+PLAIN_FEATURES = (*FEATURES, "rmsnorm")  # any subset can be timed: --implementations plain+alibi+rmsnorm
+
+
+def _plain_features(implementation: str) -> frozenset[str]:
+    """"plain" -> {}, "plain+features" -> FEATURES, "plain+alibi+mup" -> {alibi, mup}."""
+    parts = implementation.split("+")[1:]
+    features = frozenset(FEATURES if parts == ["features"] else parts)
+    unknown = features - set(PLAIN_FEATURES)
+    if unknown:
+        raise ValueError(f"{implementation}: unknown features {sorted(unknown)} (known: {PLAIN_FEATURES})")
+    return features
+
+
+def _plain_gpt(d_model: int, n_layers: int, features: frozenset[str]) -> Any:
+    """A plain pre-LN GPT; ``features`` switch on ALiBi, SwiGLU, µP/CompleteP (the plain
+    way: activation multipliers and per-group AdamW) and RMSNorm instead of LayerNorm.
+
+    Returns (model, AdamW param groups, N)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    from trainers.config import DataConfig, default_ffn_dim
-    from trainers.data import TrainSampler, load_corpus, split_corpus
-    # The attention function is shared on purpose: the comparison is about the
-    # parameterization and the training loop, not the attention kernel.
-    from trainers.model import alibi_bias, attend
+    from trainers.config import default_ffn_dim
+    from trainers.model import alibi_bias
 
-    torch.set_num_threads(threads)
-    d_ff, n_heads = default_ffn_dim(d_model), d_model // D_HEAD
+    n_heads = d_model // D_HEAD
+    swiglu, alibi, mup = "swiglu" in features, "alibi" in features, "mup" in features
+    d_ff = default_ffn_dim(d_model) if swiglu else 4 * d_model
+    width, depth = d_model / BASE_D_MODEL, n_layers / BASE_N_LAYERS
+    # µP: logits × 1/m_N, CompleteP: residual branches × 1/m_L; 1/√d_head is µP's 1/d_head
+    # relative to the base at a fixed head size.
+    logit_multiplier, residual = (1.0 / width, 1.0 / depth) if mup else (1.0, 1.0)
+    scale = 1.0 / math.sqrt(D_HEAD)
 
-    class PlainBlock(nn.Module):
+    def norm() -> nn.Module:
+        return nn.RMSNorm(d_model, eps=1e-5) if "rmsnorm" in features else nn.LayerNorm(d_model, bias=False)
+
+    class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norm1 = nn.RMSNorm(d_model, eps=1e-5)
+            self.ln1 = norm()
             self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
             self.proj = nn.Linear(d_model, d_model, bias=False)
-            self.norm2 = nn.RMSNorm(d_model, eps=1e-5)
-            self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=False)
+            self.ln2 = norm()
+            self.up = nn.Linear(d_model, (2 if swiglu else 1) * d_ff, bias=False)
             self.down = nn.Linear(d_ff, d_model, bias=False)
 
-        def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             b, t, _ = x.shape
-            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, n_heads, D_HEAD).permute(2, 0, 3, 1, 4)
-            y = attend(q, k, v, bias, 1.0 / math.sqrt(D_HEAD))
-            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d_model))
-            gate, up = self.gate_up(self.norm2(x)).split(d_ff, dim=-1)
-            return x + self.down(F.silu(gate) * up)
+            # nanoGPT's layout: split the fused projection, then one view + transpose each.
+            q, k, v = (h.view(b, t, n_heads, D_HEAD).transpose(1, 2) for h in self.qkv(self.ln1(x)).split(d_model, dim=-1))
+            if bias is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+            y = self.proj(y.transpose(1, 2).reshape(b, t, d_model))
+            x = x + (y if residual == 1.0 else residual * y)
+            h = self.up(self.ln2(x))
+            if swiglu:
+                gate, up = h.split(d_ff, dim=-1)
+                h = F.silu(gate) * up
+            else:
+                h = F.gelu(h)
+            h = self.down(h)
+            return x + (h if residual == 1.0 else residual * h)
 
     class PlainGPT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(256, d_model)
-            self.blocks = nn.ModuleList(PlainBlock() for _ in range(n_layers))
-            self.norm = nn.RMSNorm(d_model, eps=1e-5)
+            self.pos = None if alibi else nn.Embedding(SEQ_LEN, d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(n_layers))
+            self.ln_f = norm()
             self.head = nn.Linear(d_model, 256, bias=False)
-            self.register_buffer("bias", alibi_bias(n_heads, SEQ_LEN), persistent=False)
+            # ALiBi as a (1, H, T, T) float mask: the shape SDPA's fused CPU kernel takes.
+            self.register_buffer("alibi", alibi_bias(n_heads, SEQ_LEN)[None] if alibi else None, persistent=False)
             for p in self.parameters():
                 if p.dim() > 1:
                     nn.init.normal_(p, std=0.02)
 
         def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             x = self.embed(idx)
+            if self.pos is not None:
+                x = x + self.pos.weight[: idx.shape[1]]
             for block in self.blocks:
-                x = block(x, self.bias)
-            return F.cross_entropy(self.head(self.norm(x)).view(-1, 256), targets.reshape(-1))
+                x = block(x, self.alibi)
+            h = self.ln_f(x)
+            if logit_multiplier != 1.0:
+                h = h * logit_multiplier
+            return F.cross_entropy(self.head(h).view(-1, 256), targets.reshape(-1))
 
     model = PlainGPT()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), fused=True)
-    train, _ = split_corpus(load_corpus(DataConfig()).tokens, 0.1)
-    sampler = TrainSampler(train, SEQ_LEN, data_seed=0)
-    n_params = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("embed", "head")))
+    named = dict(model.named_parameters())
+    embedding = [p for n, p in named.items() if n.startswith(("embed", "pos", "head"))]
+    hidden = [p for n, p in named.items() if n.startswith("blocks") and p.dim() == 2]
+    norms = [p for n, p in named.items() if p.dim() == 1]
+    if mup:  # hidden lr/m_N and decay·m_N, ε/m_N (·1/m_L in blocks)
+        groups = [
+            {"params": embedding, "lr": 3e-3, "weight_decay": 0.1, "eps": 1e-8 / width},
+            {"params": hidden, "lr": 3e-3 / width, "weight_decay": 0.1 * width, "eps": 1e-8 / width / depth},
+            {"params": norms, "lr": 3e-3, "weight_decay": 0.0, "eps": 1e-8 / width / depth},
+        ]
+    else:  # the usual two groups: matrices decayed, norm gains not
+        groups = [{"params": embedding + hidden, "weight_decay": 0.1}, {"params": norms, "weight_decay": 0.0}]
+    n_params = sum(p.numel() for n, p in named.items() if not n.startswith(("embed", "pos", "head")))
+    return model, groups, n_params
+
+
+def _torch_encoder(d_model: int, n_layers: int) -> Any:
+    """nn.TransformerEncoder (pre-LN, GELU, causal) between an embedding and a head."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class EncoderGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(256, d_model)
+            self.pos = nn.Embedding(SEQ_LEN, d_model)
+            layer = nn.TransformerEncoderLayer(
+                d_model, d_model // D_HEAD, 4 * d_model, dropout=0.0, activation="gelu",
+                batch_first=True, norm_first=True, bias=False,
+            )
+            self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+            self.ln_f = nn.LayerNorm(d_model, bias=False)
+            self.head = nn.Linear(d_model, 256, bias=False)
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQ_LEN), persistent=False)
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            x = self.embed(idx) + self.pos.weight[: idx.shape[1]]
+            x = self.encoder(x, mask=self.mask, is_causal=True)
+            return F.cross_entropy(self.head(self.ln_f(x)).view(-1, 256), targets.reshape(-1))
+
+    model = EncoderGPT()
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() == 1]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    n_params = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("encoder", "ln_f")))
+    return model, groups, n_params
+
+
+def _loop(model: Any, groups: list[dict[str, Any]]) -> Step:
+    """A bare training step: sample, forward, backward, fused AdamW, zero_grad."""
+    import torch
+
+    optimizer = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), fused=True)
+    sampler = _sampler()
 
     def step() -> None:
         inputs, targets = sampler.sample(BATCH_TOKENS // SEQ_LEN)
@@ -133,86 +292,364 @@ def _plain_loop(d_model: int, n_layers: int, threads: int) -> tuple[Any, int]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step, n_params
+    return step
 
 
-def _steppers(size: str, threads: int) -> tuple[dict[str, Any], int]:
-    """One optimizer-step function per implementation, all in this process."""
-    from trainers.train import Trainer
+def _baseline_trainer(checkout: str) -> Any:
+    """The Trainer class of another checkout (e.g. the commit before a change), importable
+    next to ours: its trainers/ is copied as package ``trainers_baseline``."""
+    import importlib
+    import re
+    import shutil
 
-    d_model, n_layers = SIZES[size]
-    plain_step, n_params = _plain_loop(d_model, n_layers, threads)
-    steppers: dict[str, Any] = {"plain": plain_step}
-    for implementation in ("completep", "sp"):
-        trainer = Trainer(_train_config(implementation, d_model, n_layers, threads))
-        assert trainer.controls.n_params == n_params
+    if "trainers_baseline" not in sys.modules:
+        target = Path(tempfile.mkdtemp(prefix="trainer-baseline-"))
+        shutil.copytree(Path(checkout) / "trainers", target / "trainers_baseline")
+        for path in (target / "trainers_baseline").glob("*.py"):
+            path.write_text(re.sub(r"\b(from|import) trainers\b", r"\1 trainers_baseline", path.read_text()))
+        sys.path.insert(0, str(target))
+    return importlib.import_module("trainers_baseline.train").Trainer
+
+
+def build(implementation: str, d_model: int, n_layers: int, threads: int, baseline: str | None = None) -> tuple[Step, int]:
+    """(step function, N) of one implementation at one shape."""
+    if implementation == "trainer@baseline":
+        assert baseline is not None, "trainer@baseline needs --baseline CHECKOUT"
+        trainer = _baseline_trainer(baseline)(_train_config("completep", d_model, n_layers, threads))
+        return trainer._train_step, trainer.controls.n_params
+    if implementation.startswith("trainer"):
+        from trainers.train import Trainer
+
+        # Eager: these runs are long enough that compile "auto" would switch it on (--compile measures that).
+        parameterization = "sp" if implementation == "trainer-sp" else "completep"
+        trainer = Trainer(_train_config(parameterization, d_model, n_layers, threads, compile=False))
         # _train_step is the whole hot loop (schedule, sampling, forward, backward, AdamW);
         # train_interval only adds one float conversion per log interval.
-        steppers[implementation] = trainer._train_step
-    return steppers, n_params
+        return trainer._train_step, trainer.controls.n_params
+    if implementation == "torch-encoder":
+        model, groups, n_params = _torch_encoder(d_model, n_layers)
+    else:
+        model, groups, n_params = _plain_gpt(d_model, n_layers, _plain_features(implementation))
+    return _loop(model, groups), n_params
 
 
-def measure(size: str, threads: int, seconds: float, queue: Any) -> None:
-    """Worker: alternate the implementations in short rounds until each has run ``seconds``.
+def alternate(
+    steppers: dict[str, Step], seconds: float, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, list[tuple[int, float]]]:
+    """Run the step functions in rounds of ~ROUND_SECONDS each, rotating the order every
+    round, until each has run ``seconds``. Returns per-round (steps, elapsed) per name.
 
-    Interleaving makes the comparison robust to load from other processes on the machine.
-    Puts ({implementation: tokens/s}, N) on the queue.
-    """
+    ``clock`` is wall time by default; with one thread, ``time.thread_time`` (CPU time of
+    the calling thread, which on CPU also runs the backward) leaves out the time the
+    process waits for a core, the main distortion on a loaded machine."""
+    names = list(steppers)
+    per_step = {}
+    for name in names:  # warmup (allocator, oneDNN primitive caches), then size the rounds
+        for _ in range(2):
+            steppers[name]()
+        start = clock()
+        steppers[name]()
+        per_step[name] = clock() - start
+    steps = {name: max(1, round(ROUND_SECONDS / per_step[name])) for name in names}
+    rounds: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+    for index in range(max(1, round(seconds / ROUND_SECONDS))):
+        order = names[index % len(names):] + names[: index % len(names)]
+        for name in order:
+            start = clock()
+            for _ in range(steps[name]):
+                steppers[name]()
+            rounds[name].append((steps[name], clock() - start))
+    return rounds
+
+
+def measure(
+    size: str, threads: int, seconds: float, implementations: tuple[str, ...], cpu_clock: bool = False,
+    baseline: str | None = None,
+) -> dict[str, Any]:
+    """Worker (one process per size): tokens/s per round of each implementation, N, peak."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    steppers, n_params = _steppers(size, threads)
-    for step in steppers.values():  # warmup: allocator, oneDNN primitive caches
-        step()
-        step()
-    elapsed = {name: 0.0 for name in steppers}
-    steps = {name: 0 for name in steppers}
-    while min(elapsed.values()) < seconds:
-        for name, step in steppers.items():
-            start = time.perf_counter()
-            for _ in range(3):
-                step()
-            elapsed[name] += time.perf_counter() - start
-            steps[name] += 3
-    queue.put(({name: steps[name] * BATCH_TOKENS / elapsed[name] for name in steppers}, n_params))
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    d_model, n_layers = SIZES[size]
+    clock = time.thread_time if cpu_clock else time.perf_counter
+    peak_before = matmul_peak(clock=clock)
+    built = {name: build(name, d_model, n_layers, threads, baseline) for name in implementations}
+    torch.set_num_threads(threads)  # a Trainer sets it too; make sure every loop gets the same
+    rounds = alternate({name: step for name, (step, _) in built.items()}, seconds, clock)
+    peak_after = matmul_peak(clock=clock)
+    return {
+        "size": size,
+        "threads": threads,
+        "clock": "thread CPU time" if cpu_clock else "wall",
+        "n_params": {name: n for name, (_, n) in built.items()},
+        "rates": {name: [s * BATCH_TOKENS / t for s, t in r] for name, r in rounds.items()},
+        "tokens_per_s": {name: sum(s for s, _ in r) * BATCH_TOKENS / sum(t for _, t in r) for name, r in rounds.items()},
+        "peak_flops": max(peak_before, peak_after),
+        "peak_flops_before_after": [peak_before, peak_after],
+        "load_average": os.getloadavg(),
+    }
 
 
-def run_layout(size: str, processes: int, threads: int, seconds: float) -> tuple[dict[str, float], int]:
-    """Aggregate tokens/s per implementation of ``processes`` concurrent workers."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    workers = [context.Process(target=measure, args=(size, threads, seconds, queue)) for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    results = [queue.get() for _ in workers]
-    for worker in workers:
-        worker.join()
-    totals = {name: sum(rates[name] for rates, _ in results) for name in IMPLEMENTATIONS}
-    return totals, results[0][1]
+def _in_process(function: Callable[..., Any], *args: Any) -> Any:
+    """Run ``function(*args)`` in a fresh spawned process (its own threads and caches)."""
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
 
 
+def throughput_tables(results: list[dict[str, Any]]) -> str:
+    from hpo.tables import markdown_table
+
+    rows = []
+    for result in results:
+        d_model, n_layers = SIZES[result["size"]]
+        rates = result["rates"]
+
+        def ratio(name: str, reference: str) -> str:
+            if reference not in rates or name not in rates:
+                return "—"
+            return f"{statistics.median(a / b for a, b in zip(rates[name], rates[reference])):.3f}"
+
+        for name, tokens_per_s in result["tokens_per_s"].items():
+            n_params = result["n_params"][name]
+            flops = flop_per_token(n_params, d_model, n_layers) * tokens_per_s
+            rows.append([
+                result["size"], f"{n_params:,}", name, f"{tokens_per_s:,.0f}", ratio(name, "plain"),
+                ratio(name, "torch-encoder"), f"{flops / 1e9:.1f}", f"{flops / result['peak_flops']:.1%}",
+            ])
+    peaks = ", ".join(f"{r['size']}: {r['peak_flops'] / 1e9:.0f}" for r in results)
+    clock = results[0].get("clock", "wall")
+    loads = ", ".join(f"{r['size']}: {r['load_average'][0]:.2f}" for r in results)
+    table = markdown_table(
+        ["size", "N", "implementation", "tokens/s", "× plain", "× torch-encoder", "GFLOP/s", "of fp32 peak"], rows
+    )
+    return (f"{table}\n\nclock: {clock}; fp32 matmul peak (GFLOP/s, {results[0]['threads']} threads, same clock): "
+            f"{peaks}; 1-min load average at the end: {loads}")
+
+
+# ---------------------------------------------------------------------- torch.compile
+def _first_step_seconds(config: dict[str, Any]) -> tuple[Any, float, float]:
+    """(trainer, seconds from Trainer() to the end of its first step, first-step loss)."""
+    from trainers.train import Trainer
+
+    start = time.perf_counter()
+    trainer = Trainer(config)
+    loss = float(trainer._train_step())
+    return trainer, time.perf_counter() - start, loss
+
+
+def measure_compile(size: str, threads: int, seconds: float, cache_dir: str) -> dict[str, Any]:
+    """Worker: eager vs compiled trainer; time to first step and steady-state tokens/s."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir  # before torch is imported
+    import torch
+
+    torch.set_num_threads(threads)
+    d_model, n_layers = SIZES[size]
+    eager, eager_first, eager_loss = _first_step_seconds(_train_config("completep", d_model, n_layers, threads, compile=False))
+    compiled, compiled_first, compiled_loss = _first_step_seconds(
+        _train_config("completep", d_model, n_layers, threads, compile=True)
+    )
+    assert compiled.compiled and abs(compiled_loss - eager_loss) < 1e-3 * eager_loss, (compiled_loss, eager_loss)
+    rounds = alternate({"eager": eager._train_step, "compiled": compiled._train_step}, seconds)
+    rates = {name: [s * BATCH_TOKENS / t for s, t in r] for name, r in rounds.items()}
+    return {
+        "size": size,
+        "eager_first_s": eager_first,
+        "compiled_first_s": compiled_first,
+        "tokens_per_s": {name: sum(s for s, _ in r) * BATCH_TOKENS / sum(t for _, t in r) for name, r in rounds.items()},
+        "ratio": statistics.median(c / e for c, e in zip(rates["compiled"], rates["eager"])),
+        "total_steps_tpp20": _steps_at_tpp20(d_model, n_layers),
+    }
+
+
+def measure_warm_compile(size: str, threads: int, cache_dir: str) -> float:
+    """Worker: time to first compiled step in a new process whose inductor cache is warm."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    import torch
+
+    torch.set_num_threads(threads)
+    d_model, n_layers = SIZES[size]
+    return _first_step_seconds(_train_config("completep", d_model, n_layers, threads, compile=True))[1]
+
+
+def _steps_at_tpp20(d_model: int, n_layers: int) -> int:
+    from trainers.config import TrainConfig, run_controls
+
+    config = TrainConfig.model_validate({**_train_config("completep", d_model, n_layers, 1), "tokens_per_param": 20})
+    return run_controls(config).total_steps
+
+
+def compile_table(results: list[dict[str, Any]]) -> str:
+    from hpo.tables import markdown_table
+
+    rows = []
+    for r in results:
+        eager, compiled = r["tokens_per_s"]["eager"], r["tokens_per_s"]["compiled"]
+        saved_per_token = 1.0 / eager - 1.0 / compiled
+
+        def break_even(first_s: float) -> str:
+            """Tokens after which the compiled run has caught up with the eager one."""
+            extra = first_s - r["eager_first_s"]
+            return f"{extra / saved_per_token / 1e6:.1f}M" if saved_per_token > 0 else "never"
+
+        rows.append([
+            r["size"], f"{eager:,.0f}", f"{compiled:,.0f}", f"{r['ratio']:.3f}", f"{r['eager_first_s']:.1f}",
+            f"{r['compiled_first_s']:.1f}", f"{r['compiled_warm_first_s']:.1f}", break_even(r["compiled_first_s"]),
+            break_even(r["compiled_warm_first_s"]), f"{r['total_steps_tpp20'] * BATCH_TOKENS / 1e6:.1f}M",
+        ])
+    return markdown_table(
+        ["size", "eager tok/s", "compiled tok/s", "compiled / eager", "first step eager (s)",
+         "first step compiled, cold cache (s)", "… warm cache (s)", "break-even D (cold)", "break-even D (warm)",
+         "D at TPP 20"],
+        rows,
+    )
+
+
+def run_compile(sizes: list[str], threads: int, seconds: float) -> list[dict[str, Any]]:
+    results = []
+    for size in sizes:
+        with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache_dir:
+            result = _in_process(measure_compile, size, threads, seconds, cache_dir)
+            result["compiled_warm_first_s"] = _in_process(measure_warm_compile, size, threads, cache_dir)
+        results.append(result)
+        print(f"  compile {size} done: {json.dumps(result)}", flush=True)
+    return results
+
+
+# ---------------------------------------------------------------------- curves before/after
+# The collapse ladder's defaults (benchmarks/collapse_ladder.py main()): the runs whose
+# curves a trainer change must not move beyond float noise.
+LADDER_DEFAULTS = {"widths": [64, 128, 192], "layers": 2, "d_head": 32, "seq_len": 64, "batch": 2048,
+                   "tpp": 20.0, "lr": 1e-2, "tau": 0.3}
+# (label, width, kind): kind "tau" = the fixed-τ ladder, "lambda" = the fixed-λ ladder
+# (B doubled per rung), "seed1" = the seed-noise run of the smallest rung.
+CURVE_RUNS = (("tau d=64", 64, "tau"), ("tau d=128", 128, "tau"), ("lambda d=128", 128, "lambda"),
+              ("seed1 d=64", 64, "seed1"))
+
+
+def _ladder_config(root: str, width: int, kind: str) -> dict[str, Any]:
+    """One ladder config, built by the collapse-ladder code of ``root`` (so a base checkout
+    builds exactly what its own ladder would)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("collapse_ladder", Path(root) / "benchmarks" / "collapse_ladder.py")
+    ladder = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(ladder)  # type: ignore[union-attr]
+    from trainers.config import override, run_controls
+
+    base = ladder.base_config(argparse.Namespace(**LADDER_DEFAULTS))
+    fixed_tau = override(base, {"model.d_model": width})
+    if kind == "tau":
+        config = fixed_tau
+    elif kind == "lambda":
+        rung = LADDER_DEFAULTS["widths"].index(width)
+        batch = int(round(LADDER_DEFAULTS["batch"] * 2.0**rung / LADDER_DEFAULTS["seq_len"])) * LADDER_DEFAULTS["seq_len"]
+        weight_decay = run_controls(override(base, {"model.d_model": LADDER_DEFAULTS["widths"][0]})).weight_decay
+        config = override(base, {"model.d_model": width, "batch_size": batch, "weight_decay": weight_decay})
+    else:
+        config = override(fixed_tau, {"seed": 1, "data.data_seed": 1})
+    return ladder.with_log_every(config).model_dump()
+
+
+def _curve_worker(job: tuple[str, str, int, str]) -> dict[str, Any]:
+    """Run one ladder config to the end with the trainer of ``root``; return its curve."""
+    root, label, width, kind = job
+    sys.path.insert(0, root)  # before the first import of trainers in this (spawned) process
+    import torch
+
+    torch.set_num_threads(1)  # as the ladder runs them: one thread per run
+    import trainers
+    from trainers.train import Trainer
+
+    assert Path(trainers.__file__).resolve().is_relative_to(Path(root).resolve()), trainers.__file__
+    trainer = Trainer(_ladder_config(root, width, kind))
+    start = time.perf_counter()
+    history = trainer.run()
+    return {
+        "label": label,
+        "trainers": trainers.__file__,
+        "status": trainer.status,
+        "seconds": time.perf_counter() - start,
+        "steps": trainer.step,
+        "train_loss": [r["train_loss"] for r in history],
+        "smoothed_loss": [r["smoothed_loss"] for r in history],
+    }
+
+
+def record_curves(root: str, output: str, jobs: int = 2) -> None:
+    """Train the CURVE_RUNS with the code in ``root`` and write their curves to ``output``."""
+    work = [(str(Path(root).resolve()), label, width, kind) for label, width, kind in CURVE_RUNS]
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        runs = pool.map(_curve_worker, work, chunksize=1)
+    Path(output).write_text(json.dumps({"root": root, "runs": runs}) + "\n")
+    for run in runs:
+        print(f"{run['label']:>14}  {run['steps']:>5} steps  {run['seconds']:>6.0f} s  final {run['smoothed_loss'][-1]:.5f}")
+
+
+def compare_curves(before_path: str, after_path: str) -> str:
+    """Markdown table: max |Δ train_loss| over the logged points and |Δ final smoothed loss|."""
+    from hpo.tables import markdown_table
+
+    before = {r["label"]: r for r in json.loads(Path(before_path).read_text())["runs"]}
+    after = {r["label"]: r for r in json.loads(Path(after_path).read_text())["runs"]}
+    rows = []
+    for label in before:
+        a, b = before[label], after[label]
+        assert len(a["train_loss"]) == len(b["train_loss"]), label
+        delta = max(abs(x - y) for x, y in zip(a["train_loss"], b["train_loss"]))
+        final = abs(a["smoothed_loss"][-1] - b["smoothed_loss"][-1])
+        rows.append([label, a["steps"], f"{a['smoothed_loss'][-1]:.5f}", f"{b['smoothed_loss'][-1]:.5f}",
+                     f"{delta:.1e}", f"{final:.1e}", f"{a['seconds']:.0f} → {b['seconds']:.0f}"])
+    return markdown_table(["run", "steps", "final smoothed (before)", "final smoothed (after)",
+                           "max |Δ train_loss|", "|Δ final smoothed|", "wall s, 1 thread (before → after)"], rows)
+
+
+# ---------------------------------------------------------------------- main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=8.0, help="measurement time per cell (after warmup)")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}")
-    parser.add_argument("--quick", action="store_true", help="0.1M only, 2 s per cell")
+    parser.add_argument("--seconds", type=float, default=12.0, help="measured time per implementation and size")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also time that checkout's trainer (implementation trainer@baseline), e.g. the commit before a change")
+    parser.add_argument("--cpu-clock", action="store_true",
+                        help="time rounds by thread CPU time instead of wall time (needs --threads 1; for loaded machines)")
+    parser.add_argument("--quick", action="store_true", help="0.1M only, 3 s per implementation")
+    parser.add_argument("--compile", action="store_true", help="measure torch.compile (eager vs compiled trainer)")
+    parser.add_argument("--json", metavar="OUT.json", help="also write the raw measurements here")
+    parser.add_argument("--curves", metavar="OUT.json", help="record the ladder curves (with --root's trainer)")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="checkout whose trainer --curves runs")
+    parser.add_argument("--compare-curves", nargs=2, metavar=("BEFORE.json", "AFTER.json"))
     args = parser.parse_args()
+    if args.cpu_clock and args.threads != 1:
+        parser.error("--cpu-clock measures one thread's CPU time: use it with --threads 1")
+    if args.curves:
+        record_curves(args.root, args.curves)
+        return
+    if args.compare_curves:
+        print(compare_curves(*args.compare_curves))
+        return
     sizes = ["0.1M"] if args.quick else args.sizes.split(",")
-    seconds = 2.0 if args.quick else args.seconds
-    layouts = (("1 proc x 2 thr", 1, 2), ("2 proc x 1 thr", 2, 1))
+    seconds = 3.0 if args.quick else args.seconds
+    print(f"T {SEQ_LEN}, B {BATCH_TOKENS} tokens/step, d_head {D_HEAD}, fp32, {args.threads} threads, "
+          f"{seconds:g} s per implementation; load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    if args.compile:
+        results = run_compile(sizes, args.threads, seconds)
+        print(compile_table(results))
+    else:
+        implementations = tuple(args.implementations.split(","))
+        if args.baseline and "trainer@baseline" not in implementations:
+            implementations = ("trainer@baseline", *implementations)
+        results = []
+        for size in sizes:
+            results.append(_in_process(measure, size, args.threads, seconds, implementations, args.cpu_clock, args.baseline))
+            print(f"  {size} done", flush=True)
+        print(throughput_tables(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
-    print(f"seq_len {SEQ_LEN}, batch {BATCH_TOKENS} tokens/step, d_head {D_HEAD}, fp32, {seconds:.0f} s per cell")
-    print(f"{'size':>5} {'N':>9} {'layout':>15} {'impl':>10} {'tok/s':>9} {'GFLOP/s':>8} {'vs plain':>9}")
-    for size in sizes:
-        d_model, n_layers = SIZES[size]
-        for label, processes, threads in layouts:
-            rates, n_params = run_layout(size, processes, threads, seconds)
-            for implementation in IMPLEMENTATIONS:
-                rate = rates[implementation]
-                flops = flop_per_token(n_params, d_model, n_layers, SEQ_LEN) * rate
-                print(
-                    f"{size:>5} {n_params:>9,} {label:>15} {implementation:>10} {rate:>9,.0f}"
-                    f" {flops / 1e9:>8.1f} {rate / rates['plain']:>9.3f}",
-                    flush=True,
-                )
 
 if __name__ == "__main__":
     main()

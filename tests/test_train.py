@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import torch
 from trainers.config import DataConfig, load_train_config
 from trainers.data import load_corpus, split_corpus
 from trainers.runner import CURVE_COLUMNS, run_to_directory
-from trainers.train import Trainer
+from trainers.train import COMPILE_MIN_TOKENS, Trainer, optimizer_kind, resolve_compile, resolve_device
+
+NO_CUDA = "CUDA is not available on this machine (CPU-only torch build or no GPU); the CUDA path is untested here"
 
 def unigram_entropy(tokens: torch.Tensor) -> float:
     """Entropy of the byte distribution, in nats per byte: the loss of the best unigram model."""
@@ -147,9 +150,11 @@ def test_run_to_directory_writes_the_three_files(tmp_path: Path) -> None:
     assert controls["tau"] == pytest.approx(summary["tau"]) and controls["n_params"] == summary["n_params"]
     for key in ("tau", "weight_decay", "tokens_per_param", "n_params", "total_tokens", "batch_size", "lr",
                 "schedule", "seed", "data_seed", "corpus_hash", "python_version", "torch_version",
-                "numpy_version", "status", "final_val_loss"):
+                "numpy_version", "status", "final_val_loss", "device", "device_name", "compiled", "optimizer"):
         assert key in controls, key
     assert controls["status"] == "completed"
+    # device "auto" resolves to the device the run used, which is what controls.json records.
+    assert controls["device"] == str(resolve_device("auto")) and controls["compiled"] is False
 
 
 def test_invalid_config_creates_no_directory(tmp_path: Path) -> None:
@@ -158,3 +163,79 @@ def test_invalid_config_creates_no_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         run_to_directory(_config(lr=-1.0), output, progress=False)
     assert not output.exists()
+
+
+def test_cpu_run_uses_fused_adamw_and_fp32() -> None:
+    trainer = Trainer(_config(device="cpu"))
+    # The fused AdamW kernel runs on CPU (torch >= 2.4); fp32, no TF32, no compile for a short run.
+    assert optimizer_kind(trainer.optimizer) == "fused"
+    assert trainer.autocast_dtype is None and not trainer.tf32 and not trainer.compiled
+
+
+def test_compile_auto_only_where_measured_faster() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    # "auto": eager for short CPU runs (compiling would cost more than it saves) and on CUDA
+    # (unmeasured); compiled for long CPU runs where a C++ compiler is installed.
+    assert resolve_compile("auto", cpu, COMPILE_MIN_TOKENS - 1) is False
+    assert resolve_compile("auto", cuda, 10 * COMPILE_MIN_TOKENS) is False
+    assert resolve_compile("auto", cpu, COMPILE_MIN_TOKENS) is bool(shutil.which("g++") or shutil.which("c++"))
+    # An explicit setting wins.
+    assert resolve_compile(True, cpu, 1) is True and resolve_compile(False, cpu, 10 * COMPILE_MIN_TOKENS) is False
+    # The test-sized runs of this suite stay eager.
+    assert not Trainer(_config()).compiled
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available, so device 'cuda' is valid here")
+def test_cuda_requested_without_cuda_is_an_error() -> None:
+    # Asking for CUDA where there is none fails loudly instead of silently training on CPU.
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        Trainer(_config(device="cuda"))
+
+
+@pytest.mark.slow
+def test_compiled_run_matches_eager_and_resumes(tmp_path: Path) -> None:
+    # Slow: inductor takes ~1-2 minutes to compile even this tiny model on 2 CPU cores.
+    eager = Trainer(_config()).run()
+    compiled = Trainer(_config(compile=True))
+    assert compiled.compiled
+    records = compiled.run()
+    # The compiled step fuses ops (other rounding), so losses agree to float noise only.
+    for a, b in zip(records, eager):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    first = Trainer(_config(compile=True))
+    first.train_interval()
+    first.save_checkpoint(tmp_path)
+    resumed = Trainer(_config(compile=True))
+    resumed.load_checkpoint(tmp_path)
+    # Resuming a compiled run reproduces the uninterrupted compiled run exactly.
+    assert [r["train_loss"] for r in resumed.run()] == [r["train_loss"] for r in records]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_run_is_bf16_tf32_and_never_waits_for_the_device() -> None:
+    trainer = Trainer(_config(device="cuda"))
+    # dtype "auto" on CUDA: bf16 autocast, TF32 for fp32 matmuls, fused AdamW.
+    assert trainer.autocast_dtype == torch.bfloat16 and trainer.tf32
+    assert torch.get_float32_matmul_precision() == "high" and optimizer_kind(trainer.optimizer) == "fused"
+    trainer.train_interval()  # warm-up: first-use allocations and cuBLAS/SDPA setup may sync
+    torch.cuda.synchronize()
+    # Within an interval the steps never wait for the device (sync debug mode raises on a sync).
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for slot in range(trainer.config.log_every):
+            trainer._train_step(slot)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    record = trainer.train_interval()
+    assert math.isfinite(record["train_loss"]) and record["train_loss"] < math.log(256)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_and_cpu_start_from_the_same_weights_and_data() -> None:
+    cpu, cuda = Trainer(_config(device="cpu", dtype="float32")), Trainer(_config(device="cuda", dtype="float32"))
+    # Init and data order come from CPU generators: the same on every device.
+    for a, b in zip(cpu.model.parameters(), cuda.model.parameters()):
+        assert torch.equal(a, b.cpu())
+    assert torch.equal(cpu.sampler.sample(4)[0], cuda.sampler.sample(4)[0])
+    # fp32 (no TF32): the first interval's loss agrees to float tolerance.
+    assert cpu.train_interval()["train_loss"] == pytest.approx(cuda.train_interval()["train_loss"], rel=1e-4)

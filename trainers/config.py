@@ -189,9 +189,15 @@ class TrainConfig(_Strict):
     eval_tokens: int = Field(65536, gt=0)
     # Trailing moving-average window of smoothed_loss; default 2% of the run's tokens.
     smoothing_tokens: int | None = Field(None, ge=0)
+    # "auto": CUDA when available, else CPU. The device used is recorded in controls.json.
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # "auto": bf16 autocast on CUDA, fp32 on CPU.
+    # "auto": bf16 autocast (+ TF32 for the remaining fp32 matmuls) on CUDA, fp32 on CPU;
+    # "float32" is full fp32 everywhere (no TF32).
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # torch.compile of the training forward/backward: true, false, or "auto" (on CPU for
+    # runs of >= 8M tokens, where it was measured faster end to end; eager otherwise: see
+    # trainers.train.resolve_compile and benchmarks/trainer_throughput.md).
+    compile: bool | Literal["auto"] = "auto"
     threads: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")

@@ -8,11 +8,17 @@ trainers/parameterization.py, so SP, µP and CompleteP share this one forward pa
 * Positions: ALiBi, a fixed per-head linear distance penalty added to the attention logits;
   no position embedding, so the model has no width-dependent position parameters.
 * Vocabulary: 256 bytes; token embedding and lm_head are separate (untied) matrices.
+
+Speed (benchmarks/trainer_throughput.md): attention is ``F.scaled_dot_product_attention``
+with the ALiBi bias as a float mask on every device; every µP/CompleteP multiplier and every
+RMSNorm gain is folded into the weight of the matmul it scales (ScaledLinear), so none costs
+an activation-sized op; on CPU the norm has a closed-form backward (_UnitRMSNormCPU).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,58 +57,139 @@ def alibi_bias(n_heads: int, seq_len: int) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + bias)·v over (B, H, T, hs) tensors.
+    """softmax(q·kᵀ·scale + bias)·v over (B, H, T, hs) tensors, on every device.
 
-    On CUDA this is ``F.scaled_dot_product_attention`` (fused kernels, no stored T×T
-    matrix). On CPU, where SDPA with an additive mask runs its unfused math path plus
-    masking checks, the plain three-op version measured 2-6% faster per training step
-    (0.1M-1M parameters, T = 128, torch 2.13), so the CPU uses it. Both compute the same
-    function (tested).
+    ``F.scaled_dot_product_attention`` with the ALiBi bias as a float ``attn_mask``: fused
+    kernels on CUDA and on CPU (flash attention, no stored T×T matrix in the backward).
+    ``bias`` must be 4-D, (1, H, T, T): with a 3-D (H, T, T) mask torch 2.13's CPU dispatch
+    falls back to the unfused math path. It must have q's dtype (the model keeps a cast copy
+    for autocast). A test checks it against the three-op softmax(q·kᵀ·scale + bias)·v.
     """
-    if q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
-    scores = torch.matmul(q * scale, k.transpose(-2, -1)) + bias
-    return torch.matmul(scores.softmax(dim=-1), v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+class ScaledLinear(nn.Linear):
+    """A bias-free ``nn.Linear`` whose weight is used × a constant and × the gain of the
+    RMSNorm that feeds it.
+
+    Both are folded into the weight at use time: (x̂·g)·Wᵀ·c = x̂·(c·W·diag(g))ᵀ. Scaling
+    the weight (out×in numbers) instead of the activations (tokens×in or tokens×out) makes
+    the µP/CompleteP multipliers and the norm gains nearly free: at 4,096 tokens per step
+    it is 5-60× fewer multiplies for our shapes, and no activation-sized tensor is
+    allocated, saved for the backward, or multiplied again in it. A multiplier of 1.0 and
+    no gain skip the multiply. The function is the same; only the rounding order differs.
+    """
+
+    def __init__(self, in_features: int, out_features: int, multiplier: float = 1.0) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self.multiplier = multiplier
+
+    def forward(self, x: torch.Tensor, input_gain: torch.Tensor | None = None) -> torch.Tensor:
+        weight = self.weight
+        if input_gain is not None:
+            # (out, in) × (in,): one per-input-channel scale, the norm's gain (× c if any).
+            weight = weight * (input_gain if self.multiplier == 1.0 else input_gain * self.multiplier)
+        elif self.multiplier != 1.0:
+            weight = weight * self.multiplier
+        return F.linear(x, weight)
+
+
+class ScaledEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose output is × a constant, folded into the (256 × d) table."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, multiplier: float = 1.0) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.multiplier = multiplier
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.multiplier == 1.0:
+            return F.embedding(idx, self.weight)
+        return F.embedding(idx, self.weight * self.multiplier)
+
+
+class _UnitRMSNormCPU(torch.autograd.Function):
+    """x̂ = x·(mean(x²) + ε)^-½ over the last dim (RMSNorm without its gain), CPU eager.
+
+    On CPU (torch 2.13) ``F.rms_norm`` is a composite of ~6 ops whose autograd backward
+    adds ~15 more (pow, an expanded mean, muls, copies): fwd+bwd of one (4096, 64) norm
+    with its gain took ~3.5× LayerNorm's fused kernel, and the 5-11 norms of our models
+    were the largest gap to a plain LayerNorm GPT. Here: one fused reduction forward and
+    the closed-form backward,
+        r = (‖x‖²/d + ε)^-½,   x̂ = x·r,   ∂x = r·(g − x̂·(g·x̂)/d)
+    about LayerNorm's cost (the gain is folded into the next matmul, see ScaledLinear).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        normed = x * rstd
+        ctx.save_for_backward(normed, rstd)
+        return normed
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        normed, rstd = ctx.saved_tensors
+        dot = torch.linalg.vecdot(grad, normed, dim=-1).unsqueeze_(-1).div_(normed.shape[-1])
+        return torch.addcmul(grad, normed, dot, value=-1.0).mul_(rstd), None
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm with a learned gain and no bias.
+
+    ``normalize(x)`` is x̂ without the gain: the blocks and the lm_head fold the gain into
+    the matmul that reads x̂ (ScaledLinear's ``input_gain``); ``forward`` applies it.
+    """
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        # CUDA has a fused rms_norm kernel, and under torch.compile inductor fuses the
+        # composite itself; only CPU eager needs the hand-written one.
+        if x.is_cuda or torch.compiler.is_compiling():
+            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
+        return _UnitRMSNormCPU.apply(x, self.eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return self.normalize(x) * self.weight
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, scale: float) -> None:
+    def __init__(self, config: ModelConfig, scale: float, output_multiplier: float = 1.0) -> None:
         super().__init__()
         self.n_heads = config.num_heads
         self.d_head = config.head_dim
         self.scale = scale
-        inner = self.n_heads * self.d_head
-        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)
-        self.proj = nn.Linear(inner, config.d_model, bias=False)
+        self.inner = self.n_heads * self.d_head
+        self.qkv = ScaledLinear(config.d_model, 3 * self.inner)
+        self.proj = ScaledLinear(self.inner, config.d_model, output_multiplier)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, input_gain: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
-        # (B, T, 3·H·hs) -> three (B, H, T, hs)
-        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        # (B, T, 3·H·hs) -> three (B, H, T, hs) views. split's backward is one cat straight
+        # into the (B, T, 3·H·hs) layout the qkv matmul's backward reads; unbinding a
+        # permuted view would stack into (3, B, H, T, hs) and then copy again.
+        q, k, v = (
+            t.view(batch, seq, self.n_heads, self.d_head).transpose(1, 2)
+            for t in self.qkv(x, input_gain).split(self.inner, dim=-1)
+        )
         y = attend(q, k, v, bias, self.scale)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.d_head))
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, self.inner))
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, output_multiplier: float = 1.0) -> None:
         super().__init__()
         self.d_ff = config.ffn_dim
         # gate and up projections fused into one matrix: one GEMM instead of two.
-        self.gate_up = nn.Linear(config.d_model, 2 * self.d_ff, bias=False)
-        self.down = nn.Linear(self.d_ff, config.d_model, bias=False)
+        self.gate_up = ScaledLinear(config.d_model, 2 * self.d_ff)
+        self.down = ScaledLinear(self.d_ff, config.d_model, output_multiplier)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.d_ff, dim=-1)
+    def forward(self, x: torch.Tensor, input_gain: torch.Tensor | None = None) -> torch.Tensor:
+        gate, up = self.gate_up(x, input_gain).split(self.d_ff, dim=-1)
         return self.down(F.silu(gate) * up)
 
 
@@ -111,17 +198,15 @@ class Block(nn.Module):
         super().__init__()
         self.residual = residual
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = Attention(config, attention_scale)
+        ### CompleteP: residual branches × m_L^-α, folded into each branch's output matrix ###
+        self.attn = Attention(config, attention_scale, output_multiplier=residual)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = SwiGLU(config)
+        self.mlp = SwiGLU(config, output_multiplier=residual)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if self.residual == 1.0:  # µP / SP: skip a multiply per branch
-            x = x + self.attn(self.attn_norm(x), bias)
-            return x + self.mlp(self.mlp_norm(x))
-        ### CompleteP: residual branches × m_L^-α ###
-        x = x + self.residual * self.attn(self.attn_norm(x), bias)
-        return x + self.residual * self.mlp(self.mlp_norm(x))
+        # Pre-norm branches; each norm's gain is folded into the matmul that reads it.
+        x = x + self.attn(self.attn_norm.normalize(x), bias, self.attn_norm.weight)
+        return x + self.mlp(self.mlp_norm.normalize(x), self.mlp_norm.weight)
 
 
 class GPT(nn.Module):
@@ -131,15 +216,22 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.multipliers = forward_multipliers(config)
-        self.embed = nn.Embedding(VOCAB_SIZE, config.d_model)
+        # Every forward multiplier sits on a weight (see ScaledLinear): none costs an
+        # activation-sized multiply.
+        self.embed = ScaledEmbedding(VOCAB_SIZE, config.d_model, self.multipliers.embedding)  # × α_in
         self.blocks = nn.ModuleList(
             Block(config, self.multipliers.attention_scale, self.multipliers.residual)
             for _ in range(config.n_layers)
         )
         self.final_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, VOCAB_SIZE, bias=False)
-        # Not a parameter and not saved: rebuilt from the config.
-        self.register_buffer("alibi", alibi_bias(config.num_heads, config.seq_len), persistent=False)
+        ### µP: logits × α_out/m_N ###
+        self.lm_head = ScaledLinear(config.d_model, VOCAB_SIZE, self.multipliers.logits)
+        # Not a parameter and not saved: rebuilt from the config. (1, H, T, T): the 4-D
+        # shape SDPA's fused CPU kernel accepts (see `attend`).
+        self.register_buffer("alibi", alibi_bias(config.num_heads, config.seq_len)[None], persistent=False)
+        # The bias cast to an autocast dtype, made once per (device, dtype) instead of by
+        # autocast in every layer of every step.
+        self._cast_alibi: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self.reset_parameters(generator)
 
     @torch.no_grad()
@@ -160,23 +252,32 @@ class GPT(nn.Module):
             if not non_embedding or parameter_role(name) not in ("embedding", "unembedding")
         )
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden state (B, T, d), before the logit multiplier."""
-        seq = idx.shape[1]
+    def _attention_bias(self, seq: int) -> torch.Tensor:
+        """The (1, H, seq, seq) ALiBi bias in the dtype attention runs in (autocast's, if on)."""
+        bias = self.alibi
+        device_type = bias.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            key = (bias.device, dtype)
+            if key not in self._cast_alibi:
+                self._cast_alibi[key] = bias.to(dtype)
+            bias = self._cast_alibi[key]
+        return bias[:, :, :seq, :seq]
+
+    def _residual_stream(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.embed(idx)
-        if self.multipliers.embedding != 1.0:
-            x = x * self.multipliers.embedding
-        bias = self.alibi[:, :seq, :seq]
+        bias = self._attention_bias(idx.shape[1])
         for block in self.blocks:
             x = block(x, bias)
-        return self.final_norm(x)
+        return x
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden state (B, T, d), with the gain (the logit multiplier is in lm_head)."""
+        return self.final_norm(self._residual_stream(idx))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.hidden_states(idx)
-        ### µP: logits × α_out/m_N ###
-        if self.multipliers.logits != 1.0:
-            h = h * self.multipliers.logits
-        logits = self.lm_head(h)
+        x = self._residual_stream(idx)
+        logits = self.lm_head(self.final_norm.normalize(x), self.final_norm.weight)
         if targets is None:
             return logits
         # Loss in fp32 even under bf16 autocast.

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from predictors.io import atomic_write_json, atomic_write_text
 from trainers.config import TrainConfig, load_train_config
-from trainers.train import Trainer
+from trainers.train import Trainer, optimizer_kind
 
 CURVE_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
 
@@ -35,6 +35,19 @@ def _last_finite(history: list[dict[str, Any]], key: str) -> float:
         if math.isfinite(record[key]):
             return float(record[key])
     return float("nan")
+
+
+def _device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model (Linux /proc/cpuinfo), else the architecture."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def describe_run(trainer: Trainer) -> dict[str, Any]:
@@ -49,8 +62,13 @@ def describe_run(trainer: Trainer) -> dict[str, Any]:
         "final_smoothed_loss": history[-1]["smoothed_loss"] if history else float("nan"),
         "final_val_loss": _last_finite(history, "val_loss"),
         "elapsed_s": trainer.elapsed_s,
+        # Where and how the steps ran (config.yaml holds what was asked for, e.g. "auto").
         "device": str(trainer.device),
+        "device_name": _device_name(trainer.device),
         "autocast_dtype": str(trainer.autocast_dtype) if trainer.autocast_dtype else "float32",
+        "tf32": trainer.tf32,
+        "compiled": trainer.compiled,
+        "optimizer": optimizer_kind(trainer.optimizer),
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,

@@ -33,8 +33,9 @@ from trainers.parameterization import param_groups
 
 Status = Literal["running", "completed", "diverged"]
 CHECKPOINT_FILE = "trainer.pt"
-# Config fields that may differ between a checkpoint and the run that resumes it.
-_RESUME_MAY_CHANGE = {"device", "threads"}
+# Config fields that may differ between a checkpoint and the run that resumes it (they
+# change where and how fast the same steps run, not which steps).
+_RESUME_MAY_CHANGE = {"device", "threads", "compile"}
 # A run has diverged when its interval loss is non-finite or above twice the loss of a
 # uniform guess over 256 bytes (2·ln 256 ≈ 11.1 nats). A too-large LR rarely produces
 # inf/NaN (normalised activations and Adam's bounded steps keep things finite): it shows
@@ -57,13 +58,59 @@ def resolve_autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | No
     return None
 
 
+def resolve_tf32(dtype: str, device: torch.device) -> bool:
+    """TF32 for the fp32 matmuls left outside bf16 autocast: on CUDA, unless ``dtype:
+    float32`` asks for full fp32 precision. (No CPU has TF32.)"""
+    return device.type == "cuda" and dtype != "float32"
+
+
+# torch.compile pays for itself on CPU from about this many training tokens (D) on: the
+# compiled step measured 1.03-1.20× the eager one (0.1M-3M parameters, B = 4,096, T = 128,
+# 1 thread), but compiling took 40-65 s with a cold inductor cache (9-14 s warm), which the
+# faster steps win back after 2-6M tokens (benchmarks/trainer_throughput.md).
+COMPILE_MIN_TOKENS = 8_000_000
+
+
+def _have_cpp_compiler() -> bool:
+    """Inductor's CPU backend compiles C++: is the compiler it would use installed?"""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+        return True
+    except Exception:  # no compiler, or an inductor too old/new for this check
+        return False
+
+
+def resolve_compile(setting: bool | str, device: torch.device, total_tokens: int) -> bool:
+    """Whether the training forward/backward runs through ``torch.compile``.
+
+    ``true``/``false`` are obeyed. ``"auto"`` compiles only where it was measured to be
+    faster end to end: on CPU, for runs of at least COMPILE_MIN_TOKENS tokens (shorter runs
+    spend more time compiling than the faster steps save), if a C++ compiler is installed.
+    On CUDA it has not been measured, so "auto" stays eager there.
+    """
+    if setting != "auto":
+        return bool(setting)
+    return device.type == "cpu" and total_tokens >= COMPILE_MIN_TOKENS and _have_cpp_compiler()
+
+
 def _make_adamw(groups: list[dict[str, Any]], config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over ``groups``: the fused kernel (CPU since torch 2.4, CUDA), else foreach."""
     betas = (config.adam_beta1, config.adam_beta2)
-    # The fused kernel is ~5x faster than foreach on CPU (torch 2.13) and exists on CUDA.
+    # One fused kernel for all tensors of a group instead of ~a dozen foreach ops: ~5x
+    # faster than foreach on CPU for our tensor sizes (torch 2.13).
     try:
         return torch.optim.AdamW(groups, betas=betas, eps=config.adam_eps, fused=True)
     except (RuntimeError, ValueError):
         return torch.optim.AdamW(groups, betas=betas, eps=config.adam_eps, foreach=True)
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
+    """ "fused", "foreach" or "for-loop": which AdamW implementation runs."""
+    if optimizer.defaults.get("fused"):
+        return "fused"
+    return "foreach" if optimizer.defaults.get("foreach") else "for-loop"
 
 
 class Trainer:
@@ -76,6 +123,14 @@ class Trainer:
             torch.set_num_threads(self.config.threads)
         self.device = resolve_device(self.config.device)
         self.autocast_dtype = resolve_autocast_dtype(self.config.dtype, self.device)
+        self.tf32 = resolve_tf32(self.config.dtype, self.device)
+        if self.device.type == "cuda":
+            # Process-wide, so set both ways (a trial owns its process under Ray, but tests
+            # and notebooks build several trainers). Never touched on CPU: "high" would also
+            # switch oneDNN's fp32 matmuls to reduced precision (torch 2.13 sets
+            # torch.backends.mkldnn.matmul.fp32_precision = "tf32").
+            torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+        self.compiled = resolve_compile(self.config.compile, self.device, self.controls.total_tokens)
 
         seq_len = self.config.model.seq_len
         self.corpus: Corpus = load_corpus(self.config.data)
@@ -97,6 +152,12 @@ class Trainer:
             eps=self.config.adam_eps,
         )
         self.optimizer = _make_adamw(groups, self.config)
+        # The step's forward+loss: the compiled graph (built at the first step; forward and
+        # backward fused by inductor) or the module itself. Evaluation and checkpoints
+        # always use self.model, whose state_dict keys do not depend on compilation.
+        self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = (
+            torch.compile(self.model) if self.compiled else self.model  # type: ignore[assignment]
+        )
         self.schedule = self.config.lr_schedule
         self.smoother = TrailingMean(self.controls.smoothing_tokens)
 
@@ -107,6 +168,9 @@ class Trainer:
         self._started = time.perf_counter()
         self._sequences_per_step = self.controls.batch_size // seq_len
         self._sequences_per_micro = self.controls.micro_batch_size // seq_len
+        # The interval's losses, written in place on the device each step and read once per
+        # log interval: no host sync and no allocation per step.
+        self._losses = torch.zeros(self.config.log_every, device=self.device)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -132,8 +196,17 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
-    def _train_step(self) -> torch.Tensor:
-        """One optimizer step; returns the mean loss over the batch (a detached tensor)."""
+    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return batch
+        # From pinned memory the copy is asynchronous: the host queues the step without
+        # waiting for the GPU (a pageable copy would block it). The pinned block comes from
+        # PyTorch's caching host allocator, which reuses it only after this copy is done.
+        return batch.pin_memory().to(self.device, non_blocking=True)
+
+    def _train_step(self, slot: int = 0) -> torch.Tensor:
+        """One optimizer step; writes its mean batch loss into ``self._losses[slot]`` and
+        returns that (device) element. Nothing in it waits for the device."""
         multiplier = self.lr_multiplier(self.step)
         for group in self.optimizer.param_groups:
             # PyTorch AdamW decays by lr·weight_decay, so the decay follows the schedule too.
@@ -141,27 +214,30 @@ class Trainer:
         # The whole step's windows are drawn at once: the data stream does not depend on
         # how the step is split into micro-batches.
         inputs, targets = self.sampler.sample(self._sequences_per_step)
-        inputs = inputs.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
+        inputs, targets = self._to_device(inputs), self._to_device(targets)
+        total = self._losses[slot]
         accumulation = self.controls.grad_accum_steps
         if accumulation == 1:
             with self._autocast():
-                loss = self.model(inputs, targets)
+                loss = self._forward(inputs, targets)
             loss.backward()
-            total = loss.detach()
+            total.copy_(loss.detach())
         else:
-            total = torch.zeros((), device=self.device)
+            total.zero_()
             for micro_inputs, micro_targets in zip(
                 inputs.split(self._sequences_per_micro), targets.split(self._sequences_per_micro)
             ):
                 with self._autocast():
-                    loss = self.model(micro_inputs, micro_targets)
+                    loss = self._forward(micro_inputs, micro_targets)
                 (loss / accumulation).backward()
                 total += loss.detach()
-            total = total / accumulation
+            total /= accumulation
         if self.config.grad_clip is not None:
+            # Returns a device tensor (no sync); foreach kernels where the device has them.
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
+        # set_to_none: backward then hands its fresh gradient tensors to .grad (no memset and
+        # no accumulate-add, which reusing zeroed .grad buffers would cost each step).
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return total
@@ -187,9 +263,10 @@ class Trainer:
             raise RuntimeError(f"train_interval: the run is already {self.status}")
         start_step = self.step
         n_steps = min(self.config.log_every, self.total_steps - self.step)
-        # Losses stay on the device until the end of the interval: one sync per interval.
-        losses = torch.stack([self._train_step() for _ in range(n_steps)])
-        train_loss = float(losses.double().mean())
+        for slot in range(n_steps):
+            self._train_step(slot)
+        # The one host sync of the interval: losses stay on the device until here.
+        train_loss = float(self._losses[:n_steps].double().mean())
         diverged = not math.isfinite(train_loss) or train_loss > DIVERGENCE_LOSS
         tokens = self.step * self.controls.batch_size
         smoothed = self.smoother.update(tokens, train_loss)
