@@ -173,6 +173,10 @@ def _print_outcome(outcome: dict) -> None:
         print(f"diverged: trial {trial['trial_id']} ({config}){where}")
     for error in outcome["errors"]:
         print(f"trial error: {error}", file=sys.stderr)
+    use = outcome.get("slot_use")
+    if use:
+        print(f"trial slots busy: {100 * use['share']:.0f}% ({use['busy_s']:.0f} s of training in "
+              f"{use['wall_s']:.0f} s on {use['slots']} slot(s))")
     print(f"outputs: {outcome['output']}")
 
 

@@ -53,9 +53,17 @@ class CurveBankError(InputError):
     """The bank file is missing columns or unreadable; the message names the file."""
 
 
+#: Trainer fields that choose how a run executes, not what it computes, left out of its id:
+#: ``compile`` (compiled and eager runs agree to float noise, ``tests/test_train.py``). Leaving
+#: it out also keeps the ids of every run banked before the field existed.
+EXECUTION_ONLY_FIELDS = ("compile",)
+
+
 def run_id_of(trainer_config: dict[str, Any]) -> str:
-    """A stable id for a resolved trainer config (canonical JSON → sha1)."""
-    canonical = json.dumps(trainer_config, sort_keys=True, separators=(",", ":"), default=str)
+    """A stable id for a resolved trainer config (canonical JSON → sha1), execution-only
+    fields (:data:`EXECUTION_ONLY_FIELDS`) left out."""
+    identity = {k: v for k, v in trainer_config.items() if k not in EXECUTION_ONLY_FIELDS}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 
 

@@ -48,6 +48,29 @@ def render_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+class SlotUse(tune.Callback):
+    """How busy the sweep kept its trial slots: the training seconds its trials reported
+    (``time_this_iter_s``, summed over every result of this driver) against wall time × slots.
+
+    Sync rungs can leave slots idle (every survivor waits for the slowest trial of its rung);
+    the terminal summary states the measured share so a user sees what the rung waits cost.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, int(slots))
+        self.busy_s = 0.0
+        self._started = time.monotonic()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self.busy_s += float(result.get("time_this_iter_s") or 0.0)
+
+    def utilisation(self) -> dict[str, float]:
+        """``{"slots", "wall_s", "busy_s", "share"}``; share = busy / (wall × slots)."""
+        wall = max(time.monotonic() - self._started, 1e-9)
+        return {"slots": self.slots, "wall_s": wall, "busy_s": self.busy_s,
+                "share": min(1.0, self.busy_s / (wall * self.slots))}
+
+
 class SweepProgress(tune.Callback):
     """Tune callback that shows the scheduler's view of the sweep while it runs."""
 

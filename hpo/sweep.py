@@ -268,7 +268,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from ray.tune import ResultGrid, ResumeConfig
 
     from hpo.early_answer import EarlyAnswer
-    from hpo.progress import SweepProgress
+    from hpo.progress import SlotUse, SweepProgress
     from hpo.report import write_report
     from hpo.tracking import MlflowSweepCallback, SweepTracker
     from hpo.trainable import short_trial_dirname
@@ -292,6 +292,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
         progress = SweepProgress(scheduler)
+        slot_use = SlotUse(_trial_slots(config))
         mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
         # In sync mode, paused trials count as live for max_concurrent_trials, which would
         # starve the rung of trials; concurrency then comes from per-trial resources alone.
@@ -303,7 +304,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
             config=_search_space(config), num_samples=config.num_samples,
             scheduler=scheduler, max_concurrent_trials=max_concurrent,
             trial_dirname_creator=short_trial_dirname, reuse_actors=True, verbose=0,
-            callbacks=[mlflow_cb, progress],
+            callbacks=[mlflow_cb, progress, slot_use],
             # No checkpoint at end: the trainable writes its own final checkpoint before its
             # last result leaves the worker (hpo.trainable).
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=25,
@@ -328,7 +329,18 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         all_diverged = bool(state.get("trials")) and len(diverged) == len(state["trials"])
         tracker.finish_parent("KILLED" if interrupted else "FAILED" if errors or all_diverged else "FINISHED")
     return {"output": str(output), "report": report, "errors": errors, "diverged": diverged,
-            "all_diverged": all_diverged, "interrupted": interrupted}
+            "all_diverged": all_diverged, "interrupted": interrupted, "slot_use": slot_use.utilisation()}
+
+
+def _trial_slots(config: SweepConfig) -> int:
+    """How many trials the Ray cluster can run at once with the sweep's per-trial resources."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    slots = int(cpus // max(config.resources.cpu, 1e-9)) or 1
+    if config.ray.max_concurrent_trials and config.scheduler.mode != "sync":
+        slots = min(slots, config.ray.max_concurrent_trials)
+    return slots
 
 
 def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, Any]:

@@ -29,6 +29,8 @@ def test_run_id_is_stable_and_order_free() -> None:
     # The same config (in any key order) maps to the same run id; another config does not.
     assert run_id_of({"a": 1, "b": {"c": 2}}) == run_id_of({"b": {"c": 2}, "a": 1})
     assert run_id_of({"a": 1}) != run_id_of({"a": 2})
+    # Execution-only fields (torch.compile on or off) do not make a new run: banked runs stay found.
+    assert run_id_of({"a": 1, "compile": "auto"}) == run_id_of({"a": 1, "compile": False}) == run_id_of({"a": 1})
 
 
 def test_append_and_reload(tmp_path: Path) -> None:

@@ -13,6 +13,9 @@ from hpo.sweep_config import load_sweep_config
 from sweep_fixtures import tiny_sweep
 
 
+OUTCOME: dict = {}  # the finished sweep's outcome (run_sweep's return value)
+
+
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import ray
@@ -24,7 +27,16 @@ def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         ray.shutdown()
     assert outcome["errors"] == []
+    OUTCOME.update(outcome)
     return output
+
+
+def test_outcome_states_how_busy_the_trial_slots_were(finished_sweep: Path) -> None:
+    # The terminal summary reports measured slot use: training seconds against wall × slots.
+    use = OUTCOME["slot_use"]
+    assert use["slots"] >= 1 and use["busy_s"] > 0 and use["wall_s"] > 0
+    assert 0 < use["share"] <= 1
+    assert use["share"] == pytest.approx(min(1.0, use["busy_s"] / (use["wall_s"] * use["slots"])))
 
 
 def test_sync_sweep_halves_then_keeps_one(finished_sweep: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from hpo.trainable import read_progress
 from sweep_fixtures import tiny_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +73,15 @@ def test_kill_driver_after_first_rung_then_resume_a_copy(tmp_path: Path) -> None
 
     copy = tmp_path / "elsewhere" / "copy"
     shutil.copytree(output, copy)
+    # The newest complete checkpoint of each trial at the kill: the survivors that waited at
+    # the rung were paused with one; the trial whose arrival decided the rung continued
+    # without (a save and restore saved) and goes back to its newest periodic one.
+    checkpointed: dict[str, int] = {}
+    for progress_file in (copy / "ray").rglob("progress.json"):
+        progress = read_progress(progress_file.parent)
+        if progress is not None:
+            tid = progress["trial_id"]
+            checkpointed[tid] = max(checkpointed.get(tid, 0), int(progress["step"]))
     original = _digests(output)
     resumed = subprocess.run(
         [sys.executable, "-m", "hpo.cli", "resume", str(copy)], env=env, cwd=tmp_path,
@@ -98,6 +108,14 @@ def test_kill_driver_after_first_rung_then_resume_a_copy(tmp_path: Path) -> None
     assert sorted(run.data.tags["status"] for run, _ in children) == [
         "completed", "stopped_at_0.2", "stopped_at_0.2", "stopped_at_0.4"]
     for run, steps in children:
-        # Survivors continued from their pause checkpoints: no step was trained (logged) twice.
-        assert len(steps) == len(set(steps)), run.info.run_name
+        # Every trial continued from its newest complete checkpoint: no step up to it was
+        # trained (logged) twice; survivors paused at the rung trained nothing twice.
+        newest = checkpointed.get(run.data.tags["trial_id"], 0)
+        repeated = {s for s in steps if steps.count(s) > 1}
+        assert all(s > newest for s in repeated), (run.info.run_name, newest, sorted(repeated))
+    paused_survivors = [t for t in first_survivors if checkpointed.get(t, 0) > 0]
+    assert paused_survivors, "no survivor had a pause checkpoint at the rung"
+    for run, steps in children:
+        if run.data.tags["trial_id"] in paused_survivors:
+            assert len(steps) == len(set(steps)), run.info.run_name
     assert parents[0].info.artifact_uri.startswith(copy.as_uri())
