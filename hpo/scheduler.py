@@ -105,8 +105,9 @@ class CollapseScheduler(FIFOScheduler):
             ``margin_z`` × the predictor's ranking scale (for the sweep's kind, at the rung) of
             the predicted best (``hpo.rules``); or a number ≥ 0: that margin in log units
             (0.02 ≈ 2%) at every rung; 0 keeps exactly the rule's survivors.
-        margin_z: the calibrated margin in ranking-scale units (default 1: stop a trial when
-            its chance of ending better than the predicted best is below Φ(−1) ≈ 16%).
+        margin_z: the calibrated margin in ranking-scale units (default 0.25: stop a trial
+            when its chance of ending better than the predicted best is below Φ(−0.25) ≈ 40%;
+            ``hpo.rules.DEFAULT_MARGIN_Z`` says how it was chosen).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
         state_path: where ``scheduler_state.json`` is written after every rung decision (and,
             throttled, on results); the curves go to the append-only

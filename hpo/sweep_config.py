@@ -26,6 +26,7 @@ from hpo.overrides import (
     format_validation_error,
     read_yaml,
 )
+from hpo.rules import DEFAULT_MARGIN_Z
 from predictors.equations import power_lines_tau
 from trainers.config import TrainConfig
 
@@ -96,7 +97,7 @@ class SchedulerSettings(_Strict):
     # predicted best; a number: a fixed margin in log units (0.02 ≈ 2%) at every rung.
     # See hpo.rules and hpo.scheduler.CollapseScheduler.
     margin: Union[str, float] = "calibrated"
-    margin_z: float = 1.0
+    margin_z: float = DEFAULT_MARGIN_Z  # hpo.rules says how it was chosen
     metric: str = "loss"
 
     @field_validator("rungs")

@@ -29,6 +29,8 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
+from hpo import rules
+from hpo.sweep_config import SchedulerSettings
 from hpo.scheduler import CollapseScheduler
 from hpo.scheduler_state import SchedulerState, StateFileError
 
@@ -205,6 +207,8 @@ def six_trials(spec: dict = SIX) -> list[Trial]:
 
 
 def sched(**kw: Any) -> CollapseScheduler:
+    """A scheduler on fake predictors; tests of the margin's mechanics pass ``margin_z=1.0``
+    so the margin equals the stated ranking scale."""
     kw.setdefault("predictor", FakePredictor())
     kw.setdefault("metric", "loss")
     kw.setdefault("mode", "min")
@@ -388,7 +392,7 @@ class RankedFakePredictor(FakePredictor):
 # answer states the margin and the probability that its pick is the best.
 def test_calibrated_margin_keeps_trials_within_the_ranking_scale():
     answers: list[dict] = []
-    s = sched(rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.015}),
+    s = sched(margin_z=1.0, rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.015}),
               on_early_answer=answers.append)
     trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5), stub("c", final=1.04, tau=0.5),
               stub("d", final=1.30, tau=0.5), stub("e", final=1.40, tau=0.5)]
@@ -411,7 +415,7 @@ def test_calibrated_margin_keeps_trials_within_the_ranking_scale():
 # Asserts: a rung whose margin exceeds the spread of the predicted finals keeps everyone and
 # says so, at an intermediate rung too.
 def test_calibrated_margin_keeps_everyone_when_it_exceeds_the_spread():
-    s = sched(rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.001}))
+    s = sched(margin_z=1.0, rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.001}))
     trials = [stub(t, final=f, tau=0.5) for t, f in (("a", 1.00), ("b", 1.02), ("c", 1.03), ("d", 1.04))]
     FakeController(s, trials).run(workers=2)
     first = s.state.rungs[0]
@@ -435,6 +439,11 @@ def test_margin_z_and_a_predictor_without_ranking_error():
     assert s.state.rungs[0].margin == 0.0 and s.state.rungs[0].survivors == ["a"]
     with pytest.raises(ValueError, match="margin"):
         CollapseScheduler(predictor=FakePredictor(), margin="wide")
+    # The default z is the decision core's (one home), and the sweep config's default too.
+    s = sched(rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}))
+    FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]).run(workers=2)
+    assert s.state.rungs[0].margin == pytest.approx(rules.DEFAULT_MARGIN_Z * 0.02)
+    assert SchedulerSettings().margin_z == rules.DEFAULT_MARGIN_Z
 
 
 # Asserts: the margin comes from the kind of sweep the trials form, read from their configs
@@ -480,7 +489,7 @@ class CrossScaleFakePredictor(FakePredictor):
 @pytest.mark.parametrize("calibrated_tpp, kept", [(20.0, ["a"]), (80.0, ["a", "b"])])
 def test_calibrated_margin_widens_for_trials_off_the_calibrated_scale(calibrated_tpp, kept):
     answers: list[dict] = []
-    s = sched(rungs=(0.1,), predictor=CrossScaleFakePredictor(0.02, 0.06, calibrated_tpp),
+    s = sched(margin_z=1.0, rungs=(0.1,), predictor=CrossScaleFakePredictor(0.02, 0.06, calibrated_tpp),
               on_early_answer=answers.append)
     FakeController(s, [stub("a", final=1.00, tau=0.5, lr=0.01), stub("b", final=1.04, tau=0.5, lr=0.02)]).run(workers=2)
     assert s.state.rungs[0].survivors == kept
@@ -491,7 +500,7 @@ def test_calibrated_margin_widens_for_trials_off_the_calibrated_scale(calibrated
 
 # Asserts: in async mode the calibrated margin keeps a late arrival within z·σ of the best recorded.
 def test_async_calibrated_margin():
-    s = sched(decision_mode="async", rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}))
+    s = sched(margin_z=1.0, decision_mode="async", rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}))
     trials = [stub("a", final=1.00, tau=0.5), stub("b", final=1.015, tau=0.5), stub("c", final=1.05, tau=0.5)]
     FakeController(s, trials).run(workers=1)
     assert outcome(s)["b"] == ("completed", None) and outcome(s)["c"] == ("stopped", 0.1)
