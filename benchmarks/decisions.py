@@ -382,8 +382,7 @@ def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, O
                          method, *cells])
     lines += [markdown_table(header, body), ""]
     lines += ["## The default configuration", "",
-              "The shipped scheduler settings (`hpo sweep` defaults: sync, rungs 0.1/0.2/0.3, rf 2, calibrated "
-              "margin z = 1) on every replicate.", ""]
+              f"The shipped scheduler settings (`hpo sweep` defaults: {_default_words()}) on every replicate.", ""]
     default_rows = [r for r in rows if r.default]
     lines.append(markdown_table(
         ["kind of sweep", "seed", "compute", "pick", "regret", "within σ_seed", "best kept at every rung"],
@@ -461,6 +460,15 @@ def plot(agg: dict[str, list[Point]], sigmas: dict[str, Optional[float]], path: 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def _default_words() -> str:
+    """The shipped scheduler defaults in words, read from ``SchedulerSettings`` (never retyped)."""
+    from hpo.sweep_config import SchedulerSettings
+
+    d = SchedulerSettings()
+    return (f"{d.mode}, rungs {'/'.join(f'{r:g}' for r in d.rungs)}, rf {d.reduction_factor:g}, "
+            f"{d.margin} margin z = {d.margin_z:g}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
