@@ -338,7 +338,10 @@ def scheduler_cost_section(path: Path = REPO_ROOT / "benchmarks" / "scheduler_co
         return [f"Not measured yet: run `python benchmarks/scheduler_cost.py --md {path.relative_to(REPO_ROOT)}`."]
     lines = path.read_text().splitlines()
     body = lines[1:] if lines and lines[0].startswith("# ") else lines
-    return [f"From `{path.relative_to(REPO_ROOT)}` (`python benchmarks/scheduler_cost.py --md ...`):", ""] + body: Optional[list[str]] = None) -> int:
+    return [f"From `{path.relative_to(REPO_ROOT)}` (`python benchmarks/scheduler_cost.py --md ...`):", ""] + body
+
+
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="also run sections 1-2 with the code of this git revision")
     parser.add_argument("--md", type=Path, default=REPO_ROOT / "benchmarks" / "reliability.md")
