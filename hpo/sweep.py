@@ -98,13 +98,13 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
                  runtime_env={"env_vars": env}, log_to_driver=False)
 
 
-def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, resume: bool = False) -> Any:
-    """The sweep's CollapseScheduler; ``resume`` continues the decisions saved in ``output``
-    (a sweep killed before its first state write has none yet, and starts them afresh)."""
+def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predictor: Any,
+                    resume: bool = False) -> Any:
+    """The sweep's CollapseScheduler on ``predictor`` (the sweep's copy, loaded once by
+    ``_execute`` and shared with the report); ``resume`` continues the decisions saved in
+    ``output`` (a sweep killed before its first state write has none yet, and starts afresh)."""
     from hpo.scheduler import CollapseScheduler
-    from predictors import Predictor
 
-    predictor = Predictor.load(output / PREDICTOR_FILE)
     return CollapseScheduler(
         predictor=predictor,
         metric=config.scheduler.metric,
@@ -268,6 +268,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from ray.tune import ResultGrid, ResumeConfig
 
     from hpo.early_answer import EarlyAnswer
+    from predictors import Predictor
     from hpo.progress import SlotUse, SweepProgress
     from hpo.report import write_report
     from hpo.tracking import MlflowSweepCallback, SweepTracker
@@ -288,7 +289,10 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
         early = EarlyAnswer(output, tracker)
-        scheduler = build_scheduler(config, output, early, resume=restore)
+        # The predictor is read once here, from the sweep's own copy, for the scheduler and the
+        # report (preflight only checked that the user's file loads, before anything was written).
+        predictor = Predictor.load(output / PREDICTOR_FILE)
+        scheduler = build_scheduler(config, output, early, predictor, resume=restore)
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
         progress = SweepProgress(scheduler)
@@ -315,7 +319,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         )
         errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
         interrupted = any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
-        report = write_report(output)
+        report = write_report(output, predictor=predictor)
         state = _state(output)
         for trial_id, trial in state.get("trials", {}).items():
             try:
