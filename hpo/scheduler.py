@@ -32,8 +32,9 @@ Pitfall: ``TuneConfig(max_concurrent_trials=k)`` counts PAUSED trials as live, s
 only k trials would exist at the first rung; limit concurrency with per-trial resources.
 
 Example:
+    >>> from hpo.data import default_predictor_path
     >>> from predictors import Predictor
-    >>> scheduler = CollapseScheduler(predictor=Predictor.load("hpo/data/predictors/default.json"),
+    >>> scheduler = CollapseScheduler(predictor=Predictor.load(default_predictor_path()),
     ...                               metric="loss", mode="min", rungs=(0.1, 0.2, 0.3))
     >>> scheduler.decision_mode, scheduler.rungs
     ('sync', (0.1, 0.2, 0.3))
