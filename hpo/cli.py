@@ -173,6 +173,8 @@ def _print_outcome(outcome: dict) -> None:
         print(f"diverged: trial {trial['trial_id']} ({config}){where}")
     for error in outcome["errors"]:
         print(f"trial error: {error}", file=sys.stderr)
+    if outcome.get("mlflow"):
+        print(outcome["mlflow"]["text"])
     use = outcome.get("slot_use")
     if use:
         print(f"trial slots busy: {100 * use['share']:.0f}% ({use['busy_s']:.0f} s of training in "

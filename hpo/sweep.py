@@ -288,6 +288,8 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
+        mlflow_where = mlflow_location(tracking_uri, config.mlflow.experiment, tracker.experiment_id())
+        print(mlflow_where["text"], flush=True)
         early = EarlyAnswer(output, tracker)
         # The predictor is read once here, from the sweep's own copy, for the scheduler and the
         # report (preflight only checked that the user's file loads, before anything was written).
@@ -333,7 +335,19 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         all_diverged = bool(state.get("trials")) and len(diverged) == len(state["trials"])
         tracker.finish_parent("KILLED" if interrupted else "FAILED" if errors or all_diverged else "FINISHED")
     return {"output": str(output), "report": report, "errors": errors, "diverged": diverged,
-            "all_diverged": all_diverged, "interrupted": interrupted, "slot_use": slot_use.utilisation()}
+            "all_diverged": all_diverged, "interrupted": interrupted, "slot_use": slot_use.utilisation(),
+            "mlflow": mlflow_where}
+
+
+def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> dict[str, str]:
+    """Where the sweep's MLflow records are and how to browse them (credentials stripped):
+    what ``mlflow ui`` and ``hpo calibrate --from-mlflow`` need."""
+    uri = strip_credentials(tracking_uri)
+    browse = (f"mlflow ui --backend-store-uri {uri}" if not uri.startswith(("http://", "https://"))
+              else f"open {uri}")
+    return {"tracking_uri": uri, "experiment": experiment, "experiment_id": experiment_id,
+            "text": f"MLflow: {uri}, experiment '{experiment}' (id {experiment_id}); browse: {browse}; "
+                    f"reuse these curves: hpo calibrate --from-mlflow {experiment_id} --tracking-uri {uri}"}
 
 
 def _trial_slots(config: SweepConfig) -> int:

@@ -31,6 +31,14 @@ def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return output
 
 
+def test_outcome_says_where_the_mlflow_records_are(finished_sweep: Path) -> None:
+    # The tracking URI and experiment id a user needs for `mlflow ui` and `--from-mlflow`.
+    where = OUTCOME["mlflow"]
+    assert where["tracking_uri"] == f"sqlite:///{finished_sweep / 'mlflow.db'}"
+    assert where["experiment"] == "tiny-test" and where["experiment_id"]
+    assert f"--from-mlflow {where['experiment_id']}" in where["text"] and "mlflow ui" in where["text"]
+
+
 def test_outcome_states_how_busy_the_trial_slots_were(finished_sweep: Path) -> None:
     # The terminal summary reports measured slot use: training seconds against wall × slots.
     use = OUTCOME["slot_use"]
