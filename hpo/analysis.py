@@ -259,7 +259,14 @@ class Analysis:
     def label(self, tid: Optional[str]) -> str:
         if tid is None or tid not in self.trials:
             return ""
-        return config_label(self.trials[tid].config, self.labels_keys)
+        rec = self.trials[tid]
+        text = config_label(rec.config, self.labels_keys)
+        # τ is what the tool holds fixed or varies; show it beside the searched keys, from the
+        # controls the trial reported (unless τ itself is a searched key).
+        tau = (rec.controls or {}).get("tau")
+        if "tau" not in self.labels_keys and isinstance(tau, (int, float)):
+            text = f"{text}, τ={_fmt_value(float(tau))}" if text else f"τ={_fmt_value(float(tau))}"
+        return text
 
     # ------------------------------------------------------------------ run
     def run(self) -> Report:

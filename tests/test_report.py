@@ -133,6 +133,8 @@ def test_audit_picks_and_true_regrets(tmp_path):
         assert rows[(r, "current_best")]["regret"] == pytest.approx(0.10, abs=1e-9)
         assert rows[(r, "current_best")]["regret_kind"] == "true regret"
     assert rows[(0.1, "predicted_best")]["predicted_final_loss"] == pytest.approx(2.90)
+    # The config column names the searched value and the τ the trial ran at.
+    assert rows[(0.1, "predicted_best")]["config"] == f"lr=0.002, τ={TRIALS['t1'][1]:.3g}"
 
 
 def test_diverged_trial_is_never_picked(tmp_path):
