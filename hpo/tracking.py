@@ -270,6 +270,11 @@ class MlflowSweepCallback(tune.Callback):
         client = self.tracker.client
         if trial.trial_id not in self._params_logged:
             params = [Param(k, _param_value(result[k])) for k in TRIAL_PARAMS if k in result]
+            # The searched keys under the names the sweep YAML and the report use (``lr``, …),
+            # so filtering the MLflow UI by them works; the trainer's names (``eta``) stay too.
+            named = {p.key for p in params}
+            params += [Param(str(k), _param_value(v)) for k, v in (trial.config or {}).items()
+                       if not str(k).startswith("_") and str(k) not in named]
             existing = client.get_run(run_id).data.params
             params = [p for p in params if p.key not in existing]
             if params:
@@ -293,6 +298,16 @@ class MlflowSweepCallback(tune.Callback):
 
     def _close(self, trial: Any, failed: bool) -> None:
         status = "error" if failed else self.trial_status(trial.trial_id)
+        last = getattr(trial, "last_result", None) or {}
+        final = last.get("smoothed_loss")
+        if (status == "completed" and isinstance(final, (int, float)) and math.isfinite(float(final))
+                and float(last.get("train_fraction", 0.0)) >= 1.0 - 1e-9):
+            # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.
+            from mlflow.entities import Metric
+
+            run_id = self.tracker.child_run_id(trial.trial_id, str(trial))
+            self.tracker.client.log_batch(run_id, metrics=[
+                Metric("final_loss", float(final), int(time.time() * 1000), int(last.get("step", 0)))])
         self.tracker.close_child(trial.trial_id, status, "FAILED" if failed else "FINISHED")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

@@ -89,6 +89,11 @@ def test_mlflow_parent_and_children(finished_sweep: Path) -> None:
                     "total_tokens", "schedule", "seed"):
             assert key in child.data.params, key
         assert "train_loss" in child.data.metrics
+        assert "lr" in child.data.params  # the searched key under its YAML name, as in the report
+        if child.data.tags["status"] == "completed":
+            assert child.data.metrics["final_loss"] > 0
+        else:
+            assert "final_loss" not in child.data.metrics
     assert parents[0].data.tags.get("predicted_best.trial_id")
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert "report" in artifacts and "scheduler_state.json" in artifacts
