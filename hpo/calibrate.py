@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,7 @@ from hpo.overrides import ConfigError, apply_overrides, format_validation_error,
 from hpo.sweep_config import merge_trial
 from hpo.tables import markdown_table
 from predictors import equations, fit
+from predictors.references import ReferenceCurves
 from predictors.io import atomic_write_json, atomic_write_text, atomic_write_with
 
 
@@ -43,6 +45,14 @@ class FitSettings(BaseModel):
     # Measure how reliably the predictor orders the trials of one sweep, per kind of sweep
     # (leave-one-sweep-out; across scales too): what the scheduler's calibrated margin uses.
     ranking_error: bool = True
+    # How model size enters the prediction (issue 15): "choose" compares the plain surrogate,
+    # the size term m(N) and reference curves leave-one-size-out where the bank spans sizes
+    # (the size term, fitted only then, without held-out errors); or one of them by name.
+    size_method: Literal["choose", "surrogate", "size term", "reference curves",
+                         "reference curves, size-term trend"] = "choose"
+    # Also refit on the values up to (down from) each TPP, size and τ and predict every value
+    # beyond: the far distances the error off the calibrated scale is grown from.
+    extrapolation_error: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +195,13 @@ def fit_and_report(
 ) -> dict[str, Any]:
     """The one calibration fit, for banked runs and for a user's own curves alike.
 
-    Leaves out (with a note) curves that do not reach the end of training; fits each mode;
-    measures the decision error leave-one-out and across scales and the coverage of the
-    intervals it states; writes the predictor JSON, ``calibration.json``/``.md`` and the
-    normalised-curve plot to ``out``. Raises ``ConfigError`` naming ``source`` when fewer
-    than 3 complete curves remain.
+    Leaves out (with a note) curves that do not reach the end of training; for each mode,
+    chooses how model size enters the prediction (leave-one-size-out, where the bank spans
+    sizes), fits, measures the decision error leave-one-out and per held-out group across
+    scales and the coverage of the intervals it states; writes the predictor JSON,
+    ``calibration.json``/``.md`` and the normalised-curve plot to ``out``. Prints progress
+    through the held-out refits. Raises ``ConfigError`` naming ``source`` when fewer than 3
+    complete curves remain.
     """
     curves, left_out = complete_curves(curves)
     notes = list(notes) + left_out
@@ -200,16 +212,37 @@ def fit_and_report(
                   "corpus_hash": sorted(set(str(c.meta.get("corpus_hash")) for c in curves))}
     results: dict[bool, Any] = {}
     held: dict[bool, dict[str, Any]] = {}
+    choices: dict[bool, Any] = {}
+    methods: dict[bool, held_out.Method] = {}
+    refits = held_out.Refits(curves)  # shared: the size comparison's refits serve the error tables too
     modes = [True, False] if settings.compare_fixed_m else [settings.fit_m]
+    measured = settings.held_out_error and len(curves) >= 4
     for fit_m in modes:
-        fit_kwargs = {"t_min": settings.t_min, "fit_m": fit_m, "fit_irreducible": settings.irreducible_loss}
-        result = fit(curves, **fit_kwargs,
-                     provenance={**provenance, "mode": "five-parameter" if fit_m else "paper (m fixed)"})
+        base = {"t_min": settings.t_min, "fit_m": fit_m, "fit_irreducible": settings.irreducible_loss}
+        label = "five-parameter" if fit_m else "paper (m = 0.05)"
+        candidates = {m.name: m for m in held_out.size_methods(base)}
+        if settings.size_method == "choose" and measured:
+            _progress(f"{label}: how model size enters the prediction (leave-one-size-out)")
+            choices[fit_m] = held_out.choose_size_method(curves, fit_kwargs=base, refits=refits, progress=_progress)
+            method = choices[fit_m].chosen
+        else:
+            # Without held-out refits: the size term (fitted only where the bank spans sizes).
+            method = candidates["size term" if settings.size_method == "choose" else settings.size_method]
+        methods[fit_m] = method
+        result = fit(curves, **method.fit_kwargs,
+                     provenance={**provenance, "mode": "five-parameter" if fit_m else "paper (m fixed)",
+                                 "size_method": method.name})
+        if method.references is not None:
+            refs = ReferenceCurves.from_curves(curves, extrapolation=method.references)  # type: ignore[arg-type]
+            result = dataclasses.replace(result, predictor=dataclasses.replace(result.predictor, references=refs))
         held[fit_m] = {}
-        if settings.held_out_error and len(curves) >= 4:
+        if measured:
             # The in-sample decision error is optimistic; the predictor ships the held-out one.
-            loo = held_out.leave_one_out(curves, fit_kwargs=fit_kwargs)
-            cross = held_out.across_scales(curves, fit_kwargs=fit_kwargs) if settings.cross_scale_error else []
+            _progress(f"{label}, {method.name}: held-out decision error")
+            loo = held_out.leave_one_out(curves, method=method, refits=refits, progress=_progress)
+            cross = (held_out.across_scales(curves, method=method, refits=refits, progress=_progress,
+                                            extrapolate=settings.extrapolation_error)
+                     if settings.cross_scale_error else [])
             table = held_out.decision_error_table(loo, cross)
             result = dataclasses.replace(
                 result, predictor=dataclasses.replace(result.predictor, decision_error=table))
@@ -218,9 +251,8 @@ def fit_and_report(
     chosen_mode = _choose_mode(results, settings.fit_m)
     chosen = results[chosen_mode]
     ranking = None
-    if settings.held_out_error and settings.ranking_error and len(curves) >= 4:
-        fit_kwargs = {"t_min": settings.t_min, "fit_m": chosen_mode, "fit_irreducible": settings.irreducible_loss}
-        ranking = held_out.ranking_error_table(curves, fit_kwargs=fit_kwargs,
+    if measured and settings.ranking_error:
+        ranking = held_out.ranking_error_table(curves, method=methods[chosen_mode], refits=refits,
                                                cross=held[chosen_mode].get("cross", []), progress=_progress)
         chosen = dataclasses.replace(chosen, predictor=dataclasses.replace(chosen.predictor, ranking_error=ranking))
         results[chosen_mode] = chosen
@@ -228,7 +260,7 @@ def fit_and_report(
             notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
                          "only one of η, B, λ at one TPP, size and seed)")
     chosen.predictor.save(predictor_path)
-    summary = _calibration_summary(curves, results, chosen_mode, held, notes)
+    summary = _calibration_summary(curves, results, chosen_mode, held, notes, choices)
     # Strict JSON: a coverage or error that could not be measured is null, never a bare NaN.
     atomic_write_json(out / "calibration.json", summary)
     atomic_write_text(out / "calibration.md", calibration_markdown(summary))
@@ -275,8 +307,9 @@ def _coverage(held: dict[str, Any], table: Any) -> dict[str, Any]:
     """Coverage of the stated ±1σ/±2σ intervals on the held-out predictions of one mode.
 
     Leave-one-out predictions are judged with the in-scale e(s) the predictor states for runs
-    at its scale; cross-scale predictions with both the in-scale e(s) (what a predictor without
-    a cross-scale error would state) and the cross-scale e(s) (what this one states)."""
+    at its scale; each cross-scale grouping with both the in-scale e(s) (what a predictor
+    without a cross-scale error would state) and the cross-scale e(s) the predictor states now
+    (per held-out group, from the error model of the *other* groups: ``held_out.group_coverage``)."""
     if not held or table is None:
         return {}
     fractions = list(table.stop_fractions)
@@ -286,17 +319,49 @@ def _coverage(held: dict[str, Any], table: Any) -> dict[str, Any]:
 
     out = {"leave-one-out": held_out.coverage_table(held["leave-one-out"], {"in-scale e(s)": stated(table.rel_error)})}
     for cross in held["cross"]:
-        labels = {"in-scale e(s)": stated(table.rel_error)}
-        if table.cross_scale is not None:
-            labels["cross-scale e(s)"] = stated(table.cross_scale)
-        out[cross.scheme] = held_out.coverage_table(cross, labels)
+        labels = held_out.coverage_table(cross, {"in-scale e(s)": stated(table.rel_error)})
+        if table.groups:
+            by_z = {z: [r for r in held_out.group_coverage(table, [cross], z) if r["scheme"] == cross.scheme]
+                    for z in (1.0, 2.0)}
+            labels["cross-scale e(s)"] = {
+                f"{s:g}": {f"{z:g}σ": _pooled(rows, f"{s:g}", f"{z:g}σ") for z, rows in by_z.items()}
+                for s in fractions}
+        out[cross.scheme] = labels
+    return out
+
+
+def _pooled(rows: list[dict[str, Any]], s: str, key: str) -> float:
+    """Coverage pooled over held-out groups (weighted by their predictions)."""
+    n = sum(r["by_s"][s]["n"] for r in rows if s in r["by_s"])
+    if not n:
+        return float("nan")
+    return sum(r["by_s"][s][key] * r["by_s"][s]["n"] for r in rows if s in r["by_s"] and r["by_s"][s]["n"]) / n
+
+
+def _size_comparison(choice: Any) -> dict[str, Any]:
+    """The leave-one-size-out comparison of the size methods, per held-out size, for the report."""
+    if choice is None or not choice.held:
+        return {}
+    out = {}
+    for name, held in choice.held.items():
+        groups = [g for g in held.groups if g.scheme == held.scheme]
+        out[name] = {
+            "score": choice.scores.get(name),
+            "chosen": name == choice.chosen.name,
+            "per_size": [{"n_params": g.value, "inside": g.position.inside, "distance": g.position.distance,
+                          "n": len(g.members),
+                          "rms": {f"{s:g}": r for s, r in zip(held.fractions, g.rms())},
+                          "bias": {f"{s:g}": b for s, b in zip(held.fractions, g.bias())}} for g in groups],
+        }
     return out
 
 
 def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bool,
                          held: Optional[dict[bool, dict[str, Any]]] = None,
-                         notes: Optional[list[str]] = None) -> dict[str, Any]:
+                         notes: Optional[list[str]] = None,
+                         choices: Optional[dict[bool, Any]] = None) -> dict[str, Any]:
     held = held or {}
+    choices = choices or {}
     chosen = results[chosen_mode]
     per_curve = pd.DataFrame({
         "run_id": [c.meta["name"] for c in curves],
@@ -307,17 +372,22 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
     })
     per_curve["tpp_band"] = per_curve["tokens_per_param"].round(0)
     by_tpp = per_curve.groupby("tpp_band")[["fit_mae", "oracle_mae"]].mean()
-    tau_bins = pd.cut(np.log10(per_curve["tau"]), bins=min(4, max(1, per_curve["tau"].nunique())))
-    by_tau = per_curve.groupby(tau_bins, observed=True)[["fit_mae", "oracle_mae"]].mean()
+    finite_tau = per_curve[np.isfinite(per_curve["tau"])]
+    tau_bins = pd.cut(np.log10(finite_tau["tau"]), bins=min(4, max(1, finite_tau["tau"].nunique())))
+    by_tau = finite_tau.groupby(tau_bins, observed=True)[["fit_mae", "oracle_mae"]].mean()
     modes = {}
     for fit_m, result in results.items():
         table = result.predictor.decision_error
         cross = {c.scheme: {f"{s:g}": v for s, v in zip(c.fractions, c.rms())}
                  for c in held.get(fit_m, {}).get("cross", [])}
+        groups = (held_out.group_coverage(table, held[fit_m]["cross"])
+                  if table is not None and held.get(fit_m, {}).get("cross") else [])
         modes["five-parameter" if fit_m else "paper (m = 0.05)"] = {
             "fit_mae": float(result.fit_mae),
             "oracle_mae": float(result.oracle_mae),
             "params": result.predictor.to_dict().get("params"),
+            "size_method": result.predictor.size_method,
+            "size_comparison": _size_comparison(choices.get(fit_m)),
             "decision_error": ({f"{s:g}": e for s, e in zip(table.stop_fractions, table.rel_error)}
                                if table is not None else {}),
             "decision_error_source": table.source if table is not None else None,
@@ -325,6 +395,7 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
                                   if table is not None and table.cross_scale is not None else {}),
             "cross_scale_source": table.cross_scale_source if table is not None else None,
             "cross_scale_by_scheme": cross,
+            "error_groups": groups,
             "coverage": _coverage(held.get(fit_m, {}), table),
             "fit_notes": list(result.notes),
             "ranking_error": (None if result.predictor.ranking_error is None
@@ -341,34 +412,47 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
     }
 
 
+def _per_s(values: dict[str, Any], digits: int = 1) -> str:
+    """'a / b / c' of percentages in stop-fraction order ('n/a' for unmeasured)."""
+    return " / ".join(_pct(v, digits) for v in values.values())
+
+
 def calibration_markdown(summary: dict[str, Any]) -> str:
     """The text of ``calibration.md`` for a :func:`fit_and_report` summary."""
     modes = summary["modes"]
+    chosen = modes[summary["chosen_mode"]]
+    fractions = list(chosen["decision_error"]) or ["0.1", "0.2", "0.3", "0.5"]
+    s_words = " / ".join(fractions)
     lines = [f"# Calibration ({summary['n_curves']} curves)", "",
-             f"Chosen mode: **{summary['chosen_mode']}**", "",
+             f"Chosen: **{summary['chosen_mode']}**, model size in the prediction: **{chosen.get('size_method')}**.", "",
              "Decision-fraction error: RMS relative error of the final loss predicted from the first s",
-             "of each curve (source given per mode; leave-one-out refits without the curve).", "",
+             "of each curve (leave-one-out: refit without the curve).", "",
              markdown_table(
-                 ["mode", "fit MAE", "oracle MAE", "decision-fraction error", "source"],
-                 [[mode, f"{100 * info['fit_mae']:.2f}%", f"{100 * info['oracle_mae']:.2f}%",
-                   ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in info["decision_error"].items()),
-                   info.get("decision_error_source")] for mode, info in modes.items()])]
-    lines += ["", "Cross-scale error (refit without one TPP or model size, predict it; stated for runs away "
-              "from the calibrated scale):", ""]
+                 ["mode", "model size", "fit MAE", "oracle MAE", f"decision error, s = {s_words}", "source"],
+                 [[mode, info.get("size_method"), f"{100 * info['fit_mae']:.2f}%", f"{100 * info['oracle_mae']:.2f}%",
+                   _per_s(info["decision_error"], 2), info.get("decision_error_source")]
+                  for mode, info in modes.items()])]
+    lines += _size_markdown(modes, s_words)
+    lines += ["", "## Cross-scale error", "",
+              "Refit without one TPP, model size or τ (pooled RMS per grouping; per held-out group below):", ""]
     for mode, info in modes.items():
         for scheme, errors in info.get("cross_scale_by_scheme", {}).items():
-            lines.append(f"- {mode}, {scheme}: " + ", ".join(f"s={k}: {100 * v:.2f}%" for k, v in errors.items()))
+            lines.append(f"- {mode}, {scheme}: s = {s_words}: {_per_s(errors, 2)}")
         if not info.get("cross_scale_by_scheme"):
-            lines.append(f"- {mode}: not measured (the bank has one TPP and one model size, or too few curves)")
-    coverage = [[mode, scheme, label, s_, _pct(cov.get("1σ")), _pct(cov.get("2σ"))]
-                for mode, info in modes.items()
-                for scheme, by_label in info.get("coverage", {}).items()
-                for label, by_s in by_label.items()
-                for s_, cov in by_s.items()]
+            lines.append(f"- {mode}: not measured (the bank has one TPP, size and τ, or too few curves)")
+    lines += _groups_markdown(chosen, s_words)
+    rows = []
+    for mode, info in modes.items():
+        for scheme, by_label in info.get("coverage", {}).items():
+            for label, by_s in by_label.items():
+                rows.append([mode, scheme, label, " / ".join(_pct(c.get("1σ")) for c in by_s.values()),
+                             " / ".join(_pct(c.get("2σ")) for c in by_s.values())])
     lines += ["", "## Coverage of the stated intervals", "",
               "Fraction of held-out true finals inside predicted ± z·σ, σ = L̂(T)·sqrt(residual² + e(s)²) "
-              "(about 68% / 95% expected for z = 1 / 2).", "",
-              markdown_table(["mode", "held out", "stated e(s)", "s", "±1σ", "±2σ"], coverage)]
+              f"(about 68% / 95% expected for z = 1 / 2), at s = {s_words}. \"cross-scale e(s)\" is what the "
+              "predictor states now: for each held-out group, the error of the other groups at its distance.", "",
+              markdown_table(["mode", "held out", "stated e(s)", "±1σ covers", "±2σ covers"], rows)]
+    lines += _ranking_markdown(summary)
     notes = summary.get("notes", []) + [n for info in modes.values() for n in info.get("fit_notes", [])]
     if notes:
         lines += ["", "## Fit log", ""] + [f"- {n}" for n in dict.fromkeys(notes)]
@@ -378,6 +462,56 @@ def calibration_markdown(summary: dict[str, Any]) -> str:
                                  [[k, f"{100 * row['fit_mae']:.2f}%", f"{100 * row['oracle_mae']:.2f}%"]
                                   for k, row in summary[key].items()])]
     return "\n".join(lines) + "\n"
+
+
+def _size_markdown(modes: dict[str, Any], s_words: str) -> list[str]:
+    """The leave-one-size-out comparison of the size methods (one row per method and size)."""
+    rows = []
+    for mode, info in modes.items():
+        for name, entry in (info.get("size_comparison") or {}).items():
+            for g in entry["per_size"]:
+                where = f"{'inside' if g['inside'] else 'beyond'}, {g['distance']:.2f}"
+                rows.append([mode, name + (" (chosen)" if entry["chosen"] else ""), f"{g['n_params']:.3g}", where,
+                             g["n"], _per_s(g["rms"], 2), _per_s(g["bias"], 2)])
+            rows.append([mode, name, "score", "", "", f"{100 * entry['score']:.2f}%", ""])
+    if not rows:
+        return []
+    return ["", "## Model size in the prediction", "",
+            "Each model size predicted by a refit without it (leave-one-size-out), per way of bringing N into "
+            "the prediction; the score (mean over sizes and s ≤ 0.3 of each size's RMS) picks the one shipped. "
+            "Where: inside or beyond the remaining sizes, and |log| distance to the nearest.", "",
+            markdown_table(["mode", "method", "held-out N", "where", "curves", f"RMS, s = {s_words}",
+                            f"bias, s = {s_words}"], rows)]
+
+
+def _groups_markdown(info: dict[str, Any], s_words: str) -> list[str]:
+    """Per held-out group of the chosen mode: its error, the e(s) the other groups state for it
+    and whether ±2σ covered its truths."""
+    groups = info.get("error_groups") or []
+    if not groups:
+        return []
+    # Every size group in full (what issue 15 asks to see: the end sizes, not a pooled figure);
+    # on the other axes the leave-one-out groups in full and the extrapolations summarised.
+    shown = [g for g in groups if g["axis"] == "n_params" or "extrapolation" not in g["scheme"]]
+    rows = [[g["scheme"], f"{g['value']:.4g}", f"{'inside' if g['inside'] else 'beyond'}, {g['distance']:.2f}",
+             g["n"], _per_s({k: v["rms"] for k, v in g["by_s"].items()}, 1),
+             _per_s({k: v["stated"] for k, v in g["by_s"].items()}, 1),
+             " / ".join(_pct(v["2σ"]) for v in g["by_s"].values())] for g in shown]
+    lines = ["", "## Error off the calibrated scale, per held-out group (chosen mode)", "",
+             "Leave-one-group-out and extrapolation (calibrated on the values below (upward) or above "
+             "(downward) one, every value beyond predicted). \"stated\" is the e(s) the error model of the "
+             "*other* groups gives this group (an out-of-sample check of the distance model).", "",
+             markdown_table(["held out", "value", "where (log distance)", "curves", f"RMS, s = {s_words}",
+                             f"stated e(s), s = {s_words}", "±2σ covers"], rows)]
+    rest = [g for g in groups if g not in shown]
+    for scheme in dict.fromkeys(g["scheme"] for g in rest):
+        mine = [g for g in rest if g["scheme"] == scheme]
+        cover = " / ".join(_pct(_pooled(mine, k, "2σ")) for k in mine[0]["by_s"])
+        worst = " / ".join(_pct(max(g["by_s"][k]["rms"] for g in mine), 1) for k in mine[0]["by_s"])
+        lines.append(f"\n- {scheme}: {len(mine)} groups at log distances "
+                     f"{min(g['distance'] for g in mine):.2f}–{max(g['distance'] for g in mine):.2f}; largest RMS "
+                     f"{worst}; ±2σ covers {cover} (pooled; all groups in calibration.json)")
+    return lines
 
 
 def _ranking_markdown(summary: dict[str, Any]) -> list[str]:
@@ -409,35 +543,73 @@ def _ranking_markdown(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _pct(value: Any) -> str:
-    return "n/a" if value is None or not np.isfinite(value) else f"{100 * value:.0f}%"
+def _pct(value: Any, digits: int = 0) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{100 * value:.{digits}f}%"
 
 
-def _plot_normalized(curves: list, predictor: Any, path: Path) -> None:
-    import matplotlib
+#: Widest calibration plot (pixels): panels wrap into rows beyond ``PLOT_COLUMNS``.
+PLOT_MAX_WIDTH_PX = 2000
+PLOT_COLUMNS = 3
+PLOT_DPI = 100
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    tpps = sorted({round(c.controls.tokens_per_param) for c in curves})
-    fig, axes = plt.subplots(1, len(tpps), figsize=(5 * len(tpps), 4), squeeze=False)
-    cmap = plt.get_cmap("viridis")
-    taus = sorted({c.controls.tau for c in curves})
-    for ax, tpp in zip(axes[0], tpps):
-        for curve in (c for c in curves if round(c.controls.tokens_per_param) == tpp):
-            colour = cmap(taus.index(curve.controls.tau) / max(1, len(taus) - 1))
+def _plot_normalized(curves: list, predictor: Any, path: Path) -> Path:
+    """Every curve's ℓ = L/L(1) (solid) and the predictor's ℓ (dashed; reference curves or the
+    surrogate at the run's controls and size), one panel per TPP (and per model size when the
+    bank has several), at most ``PLOT_COLUMNS`` panels a row (≤ ``PLOT_MAX_WIDTH_PX`` wide), each
+    y-axis fitted to its curves over t̂ ≥ 0.05. Colour: τ within a panel."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from predictors.curves import controls_with_size, curve_size
+
+    sizes = sorted({round(float(n), -2) for n in (curve_size(c) for c in curves) if n is not None})
+
+    def key(c: Any) -> tuple[float, float]:
+        n = curve_size(c)
+        return (round(c.controls.tokens_per_param, 3), round(float(n), -2) if n is not None and len(sizes) > 1 else 0.0)
+
+    panels = sorted({key(c) for c in curves})
+    columns = min(PLOT_COLUMNS, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    width_in = min(PLOT_MAX_WIDTH_PX / PLOT_DPI, 6.0 * columns)
+    fig = Figure(figsize=(width_in, 3.6 * rows), dpi=PLOT_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    cmap = colormaps["viridis"]
+    finite_taus = sorted({c.controls.tau for c in curves if math.isfinite(c.controls.tau)})
+    for index, panel in enumerate(panels):
+        ax = fig.add_subplot(rows, columns, index + 1)
+        values: list[np.ndarray] = []
+        for curve in (c for c in curves if key(c) == panel):
+            tau = curve.controls.tau
+            colour = (cmap(finite_taus.index(tau) / max(1, len(finite_taus) - 1)) if tau in finite_taus
+                      else "tab:red")
             mask = curve.t_hat >= 0.05
-            ax.plot(curve.t_hat[mask], curve.normalized[mask], color=colour, lw=1, alpha=0.8)
-            predicted = predictor.loss_curve(curve.t_hat[mask], curve.controls, curve.final_loss)
-            ax.plot(curve.t_hat[mask], equations.normalized_loss(predicted, curve.final_loss),
-                    color=colour, lw=1, ls="--")
-        ax.set_title(f"TPP ≈ {tpp} (solid: runs, dashed: ℓ̂)")
+            t = curve.t_hat[mask]
+            ax.plot(t, curve.normalized[mask], color=colour, lw=1, alpha=0.8)
+            controls = controls_with_size(curve)
+            predicted = equations.normalized_loss(predictor.loss_curve(t, controls, curve.final_loss), curve.final_loss)
+            ax.plot(t, predicted, color=colour, lw=1, ls="--")
+            values += [curve.normalized[mask], predicted]
+        data = np.concatenate(values) if values else np.array([1.0])
+        lo, hi = float(np.quantile(data, 0.005)), float(np.quantile(data, 0.995))
+        pad = 0.05 * max(hi - lo, 1e-3)
+        ax.set_ylim(lo - pad, hi + pad)
+        title = f"TPP {panel[0]:g}" + (f", N = {panel[1]:.3g}" if panel[1] else "")
+        ax.set_title(f"{title} (solid: runs, dashed: predictor)", fontsize=9)
         ax.set_xlabel("training fraction t̂")
         ax.set_ylabel("L(t̂)/L(1)")
-        ax.set_ylim(0.95, 1.6)
-    fig.tight_layout()
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+        ax.grid(alpha=0.3)
+    if finite_taus:
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+
+        mappable = ScalarMappable(norm=Normalize(0, max(1, len(finite_taus) - 1)), cmap=cmap)
+        bar = fig.colorbar(mappable, ax=fig.axes, shrink=0.8, ticks=range(len(finite_taus)))
+        bar.ax.set_yticklabels([f"{t:g}" for t in finite_taus])
+        bar.set_label("τ")
+    return atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool = False) -> dict[str, Any]:
@@ -502,6 +674,7 @@ def _log_mlflow(config: CalibrationConfig, summary: dict[str, Any]) -> None:
     run = client.create_run(experiment_id, run_name=config.name, tags={"collapse_hpo.kind": "calibration"})
     client.log_param(run.info.run_id, "n_curves", summary["n_curves"])
     client.log_param(run.info.run_id, "chosen_mode", summary["chosen_mode"])
+    client.log_param(run.info.run_id, "size_method", summary["modes"][summary["chosen_mode"]].get("size_method"))
     for mode, info in summary["modes"].items():
         key = "five_param" if mode.startswith("five") else "paper"
         client.log_metric(run.info.run_id, f"{key}_fit_mae", info["fit_mae"])

@@ -4,19 +4,33 @@ A calibration states how wrong a predicted final loss can be at a stop fraction 
 ``DecisionError`` a predictor carries). That statement is only worth what it was measured on:
 
 * **leave-one-out** (refit without each curve, predict it): the error for a new run *at the
-  calibrated scale* (the same model sizes and TPPs as the bank);
-* **leave-one-group-out across scales**: refit without every curve of one TPP (one model size),
-  predict those: the error for a run at a TPP (size) the bank does not hold. The larger of the
-  groupings is stored as ``DecisionError.cross_scale`` and used for runs away from the
-  calibrated scale (``Predictor.relative_error``).
+  calibrated scale* (the same model sizes, TPPs and τ as the bank);
+* **across scales, per held-out group** (issue 15): along each axis (TPP, model size N, τ) the
+  bank holds two or more values of, refit without every curve of one value and predict those
+  (leave-one-group-out: interior and end values), and refit on the values up to (down from)
+  each one and predict every value beyond (extrapolation: distances as far as the bank
+  allows). Every held-out group keeps its error and where it lay
+  (``predictors.ranking.Position``); a run off the calibrated scale gets the error of the
+  groups in the same situation at least as far away, grown with distance beyond them
+  (``predictors.distance``). The pooled RMS of each leave-one-group-out grouping is kept as
+  ``DecisionError.cross_scale`` for files and axes without groups.
+
+**Size in the prediction** (issue 15): where the bank spans two or more model sizes,
+:func:`choose_size_method` predicts every size leave-one-size-out with the plain surrogate,
+the surrogate with a size term, and reference curves interpolated in log N (held, or
+extrapolated along the size term, beyond the calibrated sizes), and the calibration ships the
+one with the lowest error.
 
 **Coverage** is the check of a stated interval: the fraction of held-out true finals inside
 prediction ± z·σ, with σ = L̂(T)·sqrt(residual² + e(s)²) as ``Predictor.predict_final`` states it
-(``z = 2`` should cover ~95% if the errors were Gaussian with the stated σ).
+(``z = 2`` should cover ~95% if the errors were Gaussian with the stated σ). Per held-out group
+it is judged with the error stated by the groups *other* than it (:func:`group_coverage`), so
+the check is not in-sample.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -24,17 +38,135 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from predictors import Curve, fit
-from predictors.curves import rung_cut
-from predictors.predictor import DECISION_FRACTIONS, DecisionError
+from predictors.curves import controls_with_size, curve_size, rung_cut
+from predictors.distance import ErrorGroup, off_scale_error
+from predictors.predictor import DECISION_FRACTIONS, DecisionError, Predictor
+from predictors.ranking import Position
+from predictors.references import ReferenceCurves
 
-# Two TPPs (model sizes) within this relative distance are one group.
+# Two TPPs (model sizes, τ) within this relative distance are one group.
 GROUP_TOLERANCE = 0.01
 # Groupings across scales: the name used in tables, and the curve value that defines a group.
 SCALE_GROUPINGS: dict[str, Callable[[Curve], Optional[float]]] = {
     "leave-one-TPP-out": lambda c: float(c.controls.tokens_per_param),
-    "leave-one-size-out": lambda c: (float(c.meta["n_params"]) if c.meta.get("n_params") is not None
-                                     else (float(c.controls.n_params) if c.controls.n_params else None)),
+    "leave-one-size-out": curve_size,
+    "leave-one-τ-out": lambda c: float(c.controls.tau) if math.isfinite(c.controls.tau) else None,
 }
+#: The axis of each grouping (``predictors.ranking.Position.axis``) and its name in words.
+SCALE_AXES: dict[str, str] = {"leave-one-TPP-out": "tokens_per_param", "leave-one-size-out": "n_params",
+                              "leave-one-τ-out": "tau"}
+AXIS_WORDS: dict[str, str] = {"tokens_per_param": "TPP", "n_params": "size", "tau": "τ"}
+#: Values on an axis must span this factor for the size comparison (as the fit's size term).
+MIN_SIZE_SPAN = 1.5
+#: The stop fractions that judge a size method (the decision fractions, as the mode choice).
+CHOICE_FRACTIONS_MAX = 0.3
+
+
+@dataclass(frozen=True)
+class Method:
+    """How a refit predicts: the ``fit`` keyword arguments, and whether reference curves of
+    the refit's own curves are attached (their extrapolation beyond the calibrated sizes:
+    ``"hold"`` or ``"surrogate"``; ``predictors.references``)."""
+
+    name: str
+    fit_items: tuple[tuple[str, Any], ...] = ()
+    references: Optional[str] = None
+
+    @classmethod
+    def of(cls, name: str, fit_kwargs: Mapping[str, Any], references: Optional[str] = None) -> "Method":
+        return cls(name, tuple(sorted(dict(fit_kwargs).items())), references)
+
+    @property
+    def fit_kwargs(self) -> dict[str, Any]:
+        return dict(self.fit_items)
+
+
+def size_methods(fit_kwargs: Mapping[str, Any]) -> list[Method]:
+    """The ways model size can enter a prediction, compared by :func:`choose_size_method`."""
+    plain = {**dict(fit_kwargs), "size_term": False}
+    sized = {**dict(fit_kwargs), "size_term": True}
+    return [Method.of("surrogate", plain), Method.of("size term", sized),
+            Method.of("reference curves", sized, "hold"),
+            Method.of("reference curves, size-term trend", sized, "surrogate")]
+
+
+class Refits:
+    """Refits of one bank without some of its curves, shared by every held-out measurement of a
+    calibration (a leave-one-size-out refit serves the size comparison, the decision error
+    and the ranking error alike)."""
+
+    def __init__(self, curves: Sequence[Curve]) -> None:
+        self.curves = list(curves)
+        self._fits: dict[tuple[Any, ...], Predictor] = {}
+
+    def __len__(self) -> int:
+        return len(self._fits)
+
+    def predictor(self, keep: Sequence[int], method: Method) -> Predictor:
+        key = (tuple(sorted(keep)), method.fit_items)
+        if key not in self._fits:
+            self._fits[key] = fit([self.curves[i] for i in key[0]], decision_fractions=(),
+                                  **method.fit_kwargs).predictor
+        predictor = self._fits[key]
+        if method.references is not None:
+            refs = ReferenceCurves.from_curves([self.curves[i] for i in key[0]], extrapolation=method.references)  # type: ignore[arg-type]
+            predictor = dataclasses.replace(predictor, references=refs)
+        return predictor
+
+
+def _method(fit_kwargs: Optional[Mapping[str, Any]], method: Optional[Method], scheme: str) -> Method:
+    if method is not None:
+        return method
+    return Method.of(scheme, dict(fit_kwargs or {}))
+
+
+def _tick(progress: Optional[Callable[[str], None]], label: str, done: int, total: int) -> None:
+    """Progress every ~10% of a long loop (and at its end), so a 60-refit leave-one-out prints
+    about ten lines, not sixty."""
+    if progress is not None and (done == total or done % max(1, total // 10) == 0):
+        progress(f"{label}: {done}/{total} refits")
+
+
+@dataclass(frozen=True, eq=False)
+class GroupPredictions:
+    """Predictions of one held-out group (a TPP, size or τ) by a refit that did not see it.
+
+    Attributes:
+        scheme: ``leave-one-size-out`` (…) or ``size extrapolation upward`` (calibrated on the
+            smaller sizes) / ``downward`` (on the larger), and likewise for TPP and τ.
+        value: the group's value on the axis.
+        position: where it lay against the values the refit saw.
+        members: its curves (indices into the bank).
+        predicted, residual: (len(fractions), len(members)); NaN where none was made.
+        truth: (len(members),) true finals.
+    """
+
+    scheme: str
+    value: float
+    position: Position
+    members: tuple[int, ...]
+    predicted: np.ndarray
+    residual: np.ndarray
+    truth: np.ndarray
+
+    def rel_errors(self) -> np.ndarray:
+        return self.predicted / self.truth[None, :] - 1.0
+
+    def rms(self) -> list[float]:
+        return [float(np.sqrt(np.nanmean(r ** 2))) if np.isfinite(r).any() else float("nan")
+                for r in self.rel_errors()]
+
+    def bias(self) -> list[float]:
+        return [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in self.rel_errors()]
+
+    def error_group(self, keep: Sequence[int]) -> Optional[ErrorGroup]:
+        """The :class:`ErrorGroup` at the fraction indices ``keep``; None where any is unmeasured."""
+        rms, bias = self.rms(), self.bias()
+        if not all(np.isfinite(rms[k]) for k in keep):
+            return None
+        n = int(min(np.isfinite(self.predicted[k]).sum() for k in keep))
+        return ErrorGroup(self.scheme, self.value, self.position, max(n, 1),
+                          tuple(rms[k] for k in keep), tuple(bias[k] for k in keep))
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +180,8 @@ class HeldOutPredictions:
         residual: the alignment residual of each prediction (relative), same shape.
         truth: (n,) the true final losses.
         n_groups: how many groups were held out in turn.
+        groups: per held-out group (leave-one-group-out and extrapolation) its predictions and
+            position (empty for leave-one-out).
     """
 
     scheme: str
@@ -56,6 +190,7 @@ class HeldOutPredictions:
     residual: np.ndarray
     truth: np.ndarray
     n_groups: int
+    groups: tuple[GroupPredictions, ...] = ()
 
     def rel_errors(self) -> np.ndarray:
         """(k, n) predicted / true − 1."""
@@ -88,12 +223,13 @@ class HeldOutPredictions:
 def predict_at(predictor: Any, curve: Curve, stop_fraction: float) -> Optional[Any]:
     """The ``Prediction`` from the curve's points up to the first at or past s — the cut the
     scheduler makes at a rung — or None when there is none (too few points, or the predictor
-    refuses the run, e.g. losses below its irreducible loss)."""
+    refuses the run, e.g. losses below its irreducible loss). The curve's N (its meta) goes
+    with its controls, as our trainable reports it."""
     n = rung_cut(curve.t_hat, stop_fraction)
     if n is None or n < predictor.align.min_points:
         return None
     try:
-        return predictor.predict_final(curve.t_hat[:n], curve.loss[:n], curve.controls)
+        return predictor.predict_final(curve.t_hat[:n], curve.loss[:n], controls_with_size(curve))
     except ValueError:
         return None
 
@@ -109,30 +245,33 @@ def held_out_predictions(
     groups: Sequence[Sequence[int]],
     scheme: str,
     *,
-    fit_kwargs: Mapping[str, Any],
+    fit_kwargs: Optional[Mapping[str, Any]] = None,
     fractions: Sequence[float] = DECISION_FRACTIONS,
     progress: Optional[Callable[[str], None]] = None,
+    method: Optional[Method] = None,
+    refits: Optional[Refits] = None,
 ) -> HeldOutPredictions:
     """Refit without each group of curves (indices into ``curves``) and predict the group.
 
     A group whose complement holds fewer than 2 curves is skipped (its predictions stay NaN).
-    ``fit_kwargs`` go to :func:`predictors.fit` (``t_min``, ``fit_m``, ``fit_irreducible``).
+    The refit is ``method``'s (or :func:`predictors.fit` with ``fit_kwargs``: ``t_min``,
+    ``fit_m``, ``fit_irreducible``, ``size_term``), through ``refits`` when given (shared).
     """
     curves = list(curves)
+    method = _method(fit_kwargs, method, scheme)
+    refits = refits if refits is not None else Refits(curves)
     fractions = tuple(float(s) for s in fractions)
     predicted = np.full((len(fractions), len(curves)), np.nan)
     residual = np.full_like(predicted, np.nan)
     for g, members in enumerate(groups):
         held = set(members)
-        rest = [c for j, c in enumerate(curves) if j not in held]
-        if len(rest) < 2:
-            continue
-        predictor = fit(rest, decision_fractions=(), **dict(fit_kwargs)).predictor
-        for i in members:
-            for k, s in enumerate(fractions):
-                predicted[k, i], residual[k, i] = prediction_at(predictor, curves[i], s)
-        if progress is not None:
-            progress(f"{scheme}: {g + 1}/{len(groups)} refits")
+        rest = [j for j in range(len(curves)) if j not in held]
+        if len(rest) >= 2:
+            predictor = refits.predictor(rest, method)
+            for i in members:
+                for k, s in enumerate(fractions):
+                    predicted[k, i], residual[k, i] = prediction_at(predictor, curves[i], s)
+        _tick(progress, f"{scheme} ({method.name})", g + 1, len(groups))
     truth = np.array([c.final_loss for c in curves], dtype=np.float64)
     return HeldOutPredictions(scheme, fractions, predicted, residual, truth, len(groups))
 
@@ -154,28 +293,150 @@ def groups_of(curves: Sequence[Curve], value: Callable[[Curve], Optional[float]]
     return [members for _, members in sorted(groups)]
 
 
-def leave_one_out(curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any],
-                  fractions: Sequence[float] = DECISION_FRACTIONS) -> HeldOutPredictions:
+def leave_one_out(curves: Sequence[Curve], *, fit_kwargs: Optional[Mapping[str, Any]] = None,
+                  fractions: Sequence[float] = DECISION_FRACTIONS, method: Optional[Method] = None,
+                  refits: Optional[Refits] = None,
+                  progress: Optional[Callable[[str], None]] = None) -> HeldOutPredictions:
     """Every curve held out once."""
     return held_out_predictions(curves, [[i] for i in range(len(curves))], "leave-one-out",
-                                fit_kwargs=fit_kwargs, fractions=fractions)
+                                fit_kwargs=fit_kwargs, fractions=fractions, method=method, refits=refits,
+                                progress=progress)
 
 
-def across_scales(curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any],
-                  fractions: Sequence[float] = DECISION_FRACTIONS) -> list[HeldOutPredictions]:
-    """One :class:`HeldOutPredictions` per grouping in ``SCALE_GROUPINGS`` that has at least
-    two groups in the bank (a bank of one model size gives no leave-one-size-out)."""
+def axis_predictions(
+    curves: Sequence[Curve], scheme: str, *, fit_kwargs: Optional[Mapping[str, Any]] = None,
+    fractions: Sequence[float] = DECISION_FRACTIONS, method: Optional[Method] = None,
+    refits: Optional[Refits] = None, progress: Optional[Callable[[str], None]] = None,
+    extrapolate: bool = True,
+) -> Optional[HeldOutPredictions]:
+    """Leave-one-group-out along the axis of ``scheme`` (a key of :data:`SCALE_GROUPINGS`), and
+    with ``extrapolate`` the extrapolation refits: calibrated on the values up to each one (down
+    from each one), every value beyond predicted, so held-out distances reach as far as the bank
+    allows. Refits that would repeat a leave-one-group-out refit (only the end value beyond) are
+    not made twice. None when the bank holds fewer than two values on the axis.
+
+    The returned :class:`HeldOutPredictions` holds the leave-one-group-out predictions (one per
+    curve) and, in ``groups``, every held-out group of both kinds with its position."""
+    curves = list(curves)
+    axis = SCALE_AXES[scheme]
+    groups = groups_of(curves, SCALE_GROUPINGS[scheme])
+    if len(groups) < 2:
+        return None
+    method = _method(fit_kwargs, method, scheme)
+    refits = refits if refits is not None else Refits(curves)
+    fractions = tuple(float(s) for s in fractions)
+    values = [float(SCALE_GROUPINGS[scheme](curves[g[0]])) for g in groups]  # type: ignore[arg-type]
+    truth = np.array([c.final_loss for c in curves], dtype=np.float64)
+    predicted = np.full((len(fractions), len(curves)), np.nan)
+    residual = np.full_like(predicted, np.nan)
+    # (calibrated group indices, predicted group indices, scheme) for every refit.
+    plans = [([j for j in range(len(groups)) if j != i], [i], scheme) for i in range(len(groups))]
+    n = len(groups)
+    if extrapolate and n >= 3:
+        words = AXIS_WORDS[axis]
+        plans += [(list(range(j + 1)), list(range(j + 1, n)), f"{words} extrapolation upward") for j in range(n - 2)]
+        plans += [(list(range(j, n)), list(range(j)), f"{words} extrapolation downward") for j in range(2, n)]
+    out: list[GroupPredictions] = []
+    for step, (calibrated, held, name) in enumerate(plans):
+        keep = [i for j in calibrated for i in groups[j]]
+        if len(keep) >= 2:
+            predictor = refits.predictor(keep, method)
+            seen = [values[j] for j in calibrated]
+            for j in held:
+                position = Position.of(values[j], seen, axis)
+                if position is None:
+                    continue
+                members = groups[j]
+                pr = np.full((len(fractions), len(members)), np.nan)
+                rs = np.full_like(pr, np.nan)
+                for col, i in enumerate(members):
+                    for k, s in enumerate(fractions):
+                        pr[k, col], rs[k, col] = prediction_at(predictor, curves[i], s)
+                if name == scheme:
+                    predicted[:, members], residual[:, members] = pr, rs
+                out.append(GroupPredictions(name, values[j], position, tuple(members), pr, rs, truth[members]))
+        _tick(progress, f"{scheme} and extrapolation ({method.name})", step + 1, len(plans))
+    return HeldOutPredictions(scheme, fractions, predicted, residual, truth, n, tuple(out))
+
+
+def across_scales(curves: Sequence[Curve], *, fit_kwargs: Optional[Mapping[str, Any]] = None,
+                  fractions: Sequence[float] = DECISION_FRACTIONS, method: Optional[Method] = None,
+                  refits: Optional[Refits] = None, progress: Optional[Callable[[str], None]] = None,
+                  extrapolate: bool = True, schemes: Optional[Sequence[str]] = None) -> list[HeldOutPredictions]:
+    """One :class:`HeldOutPredictions` per grouping in ``SCALE_GROUPINGS`` (or ``schemes``) that
+    has at least two groups in the bank (a bank of one model size gives no leave-one-size-out),
+    each with its held-out groups (:func:`axis_predictions`)."""
     out = []
-    for scheme, value in SCALE_GROUPINGS.items():
-        groups = groups_of(curves, value)
-        if len(groups) >= 2:
-            out.append(held_out_predictions(curves, groups, scheme, fit_kwargs=fit_kwargs, fractions=fractions))
+    for scheme in schemes or SCALE_GROUPINGS:
+        held = axis_predictions(curves, scheme, fit_kwargs=fit_kwargs, fractions=fractions, method=method,
+                                refits=refits, progress=progress, extrapolate=extrapolate)
+        if held is not None:
+            out.append(held)
     return out
 
 
+def spans_sizes(curves: Sequence[Curve]) -> bool:
+    """Whether the bank holds two or more model sizes at least ``MIN_SIZE_SPAN``× apart."""
+    sizes = [n for n in (curve_size(c) for c in curves) if n is not None]
+    return len(sizes) == len(list(curves)) and bool(sizes) and max(sizes) / min(sizes) >= MIN_SIZE_SPAN
+
+
+@dataclass(frozen=True, eq=False)
+class SizeChoice:
+    """The leave-one-size-out comparison of :func:`size_methods`: each method's predictions
+    (with its held-out groups) and score, and the chosen one."""
+
+    chosen: Method
+    held: Mapping[str, HeldOutPredictions]
+    scores: Mapping[str, float]
+
+
+def choose_size_method(
+    curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any], fractions: Sequence[float] = DECISION_FRACTIONS,
+    refits: Optional[Refits] = None, progress: Optional[Callable[[str], None]] = None,
+) -> SizeChoice:
+    """How model size enters the shipped predictor, chosen by leave-one-size-out.
+
+    Every :func:`size_methods` entry predicts each size from a refit without it (and, for the
+    report, the extrapolation refits); the score is :func:`size_score` (ties: the simpler
+    method, in list order).
+    A bank of one size (or sizes within ``MIN_SIZE_SPAN``×) cannot compare them: the plain
+    surrogate is chosen, with no predictions.
+    """
+    methods = size_methods(fit_kwargs)
+    if not spans_sizes(curves):
+        return SizeChoice(methods[0], {}, {})
+    refits = refits if refits is not None else Refits(curves)
+    held: dict[str, HeldOutPredictions] = {}
+    scores: dict[str, float] = {}
+    for method in methods:
+        h = axis_predictions(curves, "leave-one-size-out", fractions=fractions, method=method, refits=refits,
+                             progress=progress)
+        if h is None:
+            continue
+        held[method.name] = h
+        scores[method.name] = size_score(h)
+    if not scores:
+        return SizeChoice(methods[0], {}, {})
+    best = min(methods, key=lambda m: (scores.get(m.name, math.inf), methods.index(m)))
+    return SizeChoice(best, held, scores)
+
+
+def size_score(held: HeldOutPredictions) -> float:
+    """The mean over held-out sizes and over s ≤ 0.3 of each size's RMS relative error, from
+    the leave-one-size-out groups: every size counts once, so a size with many curves (the
+    reference size of a bank, typically) does not drown the end sizes."""
+    per = [[r for s, r in zip(held.fractions, g.rms()) if s <= CHOICE_FRACTIONS_MAX + 1e-9 and np.isfinite(r)]
+           for g in held.groups if g.scheme == held.scheme]
+    values = [float(np.mean(r)) for r in per if r]
+    return float(np.mean(values)) if values else math.inf
+
+
 def decision_error_table(in_scale: HeldOutPredictions, cross: Sequence[HeldOutPredictions] = ()) -> DecisionError:
-    """The ``DecisionError`` a predictor ships: RMS of ``in_scale`` per stop fraction, and as
-    ``cross_scale`` the larger RMS of the cross-scale groupings (where any was measured)."""
+    """The ``DecisionError`` a predictor ships: RMS of ``in_scale`` per stop fraction; as
+    ``cross_scale`` the larger RMS of the leave-one-group-out groupings (where any was
+    measured); and every held-out group of ``cross`` with its position (``groups``), from which
+    a run off the calibrated scale gets its error (``predictors.distance``)."""
     rms, bias = in_scale.rms(), in_scale.bias()
     keep = [k for k, v in enumerate(rms) if np.isfinite(v)]
     if not keep:
@@ -192,10 +453,51 @@ def decision_error_table(in_scale: HeldOutPredictions, cross: Sequence[HeldOutPr
         source = "larger of " + ", ".join(f"{c.scheme} ({c.n_groups} groups)" for c in measured)
         if len(measured) == 1:
             source = f"{measured[0].scheme} ({measured[0].n_groups} groups)"
+    index = {s: k for k, s in enumerate(in_scale.fractions)}
+    groups = []
+    for c in cross:
+        if tuple(c.fractions) != tuple(in_scale.fractions):
+            continue
+        for g in c.groups:
+            eg = g.error_group([index[in_scale.fractions[k]] for k in keep])
+            if eg is not None:
+                groups.append(eg)
     return DecisionError(
         tuple(in_scale.fractions[k] for k in keep), tuple(rms[k] for k in keep), "rms",
-        len(in_scale.truth), in_scale.scheme, tuple(bias[k] for k in keep), cross_rms, source,
+        len(in_scale.truth), in_scale.scheme, tuple(bias[k] for k in keep), cross_rms, source, tuple(groups),
     )
+
+
+def group_coverage(table: DecisionError, cross: Sequence[HeldOutPredictions], z: float = 2.0) -> list[dict[str, Any]]:
+    """Per held-out group: its RMS and bias per s, the e(s) stated for it by the error model of
+    the *other* groups (an out-of-sample check of the distance model) and the fraction of its
+    true finals inside ±z·σ with that e(s). Rows sorted by axis, scheme and distance."""
+    fractions = list(table.stop_fractions)
+    rows = []
+    for c in cross:
+        for g in c.groups:
+            if list(c.fractions[:len(fractions)]) != fractions and not all(s in c.fractions for s in fractions):
+                continue
+            others = [e for e in table.groups if not (e.scheme == g.scheme and e.value == g.value
+                                                       and e.position == g.position)]
+            row: dict[str, Any] = {"scheme": g.scheme, "axis": g.position.axis, "value": g.value,
+                                   "inside": g.position.inside, "distance": g.position.distance,
+                                   "n": len(g.members), "by_s": {}}
+            rms, bias = g.rms(), g.bias()
+            for s in fractions:
+                k = list(c.fractions).index(s)
+                e_in = table.at(s)
+                stated, _, _ = off_scale_error(others, fractions, s, e_in, [g.position])
+                stated = e_in if stated is None else stated
+                pred, res, truth = g.predicted[k], g.residual[k], g.truth
+                ok = np.isfinite(pred)
+                sigma = pred[ok] * np.sqrt(res[ok] ** 2 + stated ** 2)
+                cover = float(np.mean(np.abs(pred[ok] - truth[ok]) <= z * sigma)) if ok.any() else float("nan")
+                row["by_s"][f"{s:g}"] = {"rms": rms[k], "bias": bias[k], "stated": stated, f"{z:g}σ": cover,
+                                         "n": int(ok.sum())}
+            rows.append(row)
+    rows.sort(key=lambda r: (r["axis"], r["scheme"], r["distance"], r["value"]))
+    return rows
 
 
 def coverage_table(
@@ -260,13 +562,11 @@ def coverage_as_stated_and_in_scale(
     """:func:`stated_coverage` as the predictor states it (its cross-scale error for runs off
     its scale) and, where it has a cross-scale error, with its in-scale error only — what a
     predictor calibrated at one scale alone would state."""
-    import dataclasses
-
     out = {"as stated": stated_coverage(predictor, curves, fractions)}
     table = predictor.decision_error
     if table is not None and table.cross_scale is not None:
         in_scale = dataclasses.replace(predictor, decision_error=dataclasses.replace(
-            table, cross_scale=None, cross_scale_source=None))
+            table, cross_scale=None, cross_scale_source=None, groups=()))
         out["in-scale e(s) only"] = stated_coverage(in_scale, curves, fractions)
     return out
 
@@ -372,8 +672,10 @@ def _kind_error(predicted: Callable[[int, int], float], truth: np.ndarray, group
 
 
 def ranking_error_table(
-    curves: Sequence[Curve], *, fit_kwargs: Mapping[str, Any], fractions: Sequence[float] = DECISION_FRACTIONS,
+    curves: Sequence[Curve], *, fit_kwargs: Optional[Mapping[str, Any]] = None,
+    fractions: Sequence[float] = DECISION_FRACTIONS,
     cross: Sequence[HeldOutPredictions] = (), progress: Optional[Callable[[str], None]] = None,
+    method: Optional[Method] = None, refits: Optional[Refits] = None,
 ) -> Optional[Any]:
     """The ``RankingError`` a predictor ships (``predictors.ranking``), or None when the bank
     holds no sweep of any kind.
@@ -383,11 +685,15 @@ def ranking_error_table(
     curves predicts them at every stop fraction, and each pair of one sweep is scored from
     the refit that saw neither. Across scales: the pairs of the same sweeps scored on each
     ``cross`` grouping's predictions (a whole TPP or model size held out at once); the larger
-    per kind is kept.
+    per kind is kept. Only the TPP and size groupings count across scales: τ varies inside
+    sweeps, which the kinds of sweep already measure.
     """
     from predictors.ranking import RankingError
 
     curves = list(curves)
+    cross = [h for h in cross if h.scheme in _AXIS]
+    method = _method(fit_kwargs, method, "ranking error")
+    refits = refits if refits is not None else Refits(curves)
     fractions = tuple(float(s) for s in fractions)
     by_kind = ranking_groups(curves)
     if not by_kind:
@@ -399,10 +705,10 @@ def ranking_error_table(
     predicted = np.full((n_folds, len(fractions), len(curves)), np.nan)
     for j in range(n_folds):
         members = sorted({i for g, f in fold_of.items() if f == j for i in g})
-        rest = [c for i, c in enumerate(curves) if i not in set(members)]
+        rest = [i for i in range(len(curves)) if i not in set(members)]
         if len(rest) < 2:
             continue
-        refit = fit(rest, decision_fractions=(), **dict(fit_kwargs)).predictor
+        refit = refits.predictor(rest, method)
         for i in members:
             for k, s in enumerate(fractions):
                 predicted[j, k, i] = prediction_at(refit, curves[i], s)[0]

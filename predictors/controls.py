@@ -14,12 +14,18 @@ class Controls:
     """The TLC controls of one run.
 
     Args:
-        tau: AdamW timescale τ = B/(η·λ·D) (paper Eq. 2), > 0.
+        tau: AdamW timescale τ = B/(η·λ·D) (paper Eq. 2), > 0; ``math.inf`` for a run without
+            weight decay (λ = 0, "vanilla Adam", the τ = ∞ limit of paper App. B.3).
         tokens_per_param: TPP = D/N, > 0.
-        schedule: the peak-normalised LR schedule, warmup included.
-        n_params: the run's non-embedding parameter count N, when known. The surrogate does
-            not depend on it; the predictor uses it only to tell whether the run is at the
-            model size it was calibrated on (and so which calibrated error applies).
+        schedule: the peak-normalised LR schedule, warmup included. The default is
+            ``Schedule()``: linear decay to zero after a 10% warmup (our trainer's default);
+            give the run's own schedule and warmup, since a wrong warmup shifts the early
+            shape the prediction aligns to.
+        n_params: the run's non-embedding parameter count N, when known. A predictor
+            calibrated on several sizes uses it in the prediction (a size term or reference
+            curves interpolated in log N) and to judge how far the run is from the calibrated
+            sizes (which error it states); without it the predictor warns and assumes a
+            calibrated size.
     """
 
     tau: float
@@ -28,10 +34,12 @@ class Controls:
     n_params: Optional[float] = None
 
     def __post_init__(self) -> None:
-        for name in ("tau", "tokens_per_param"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+        tau = self.tau
+        if not isinstance(tau, (int, float)) or math.isnan(tau) or tau <= 0:
+            raise ValueError(f"tau: must be a number > 0 (math.inf for no weight decay), got {tau!r}")
+        tpp = self.tokens_per_param
+        if not isinstance(tpp, (int, float)) or not math.isfinite(tpp) or tpp <= 0:
+            raise ValueError(f"tokens_per_param: must be a finite number > 0, got {tpp!r}")
         n = self.n_params
         if n is not None and (not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0):
             raise ValueError(f"n_params: must be a finite number > 0 or None, got {n!r}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -106,3 +108,26 @@ class Curve:
         )
         t_hat = training_fraction_of(tokens, total_tokens)
         return cls(t_hat, smoothed, controls, dict(meta or {}))
+
+
+def curve_size(curve: "Curve") -> Optional[float]:
+    """A curve's non-embedding size N: ``meta["n_params"]``, else ``controls.n_params``; None
+    when neither is a finite number > 0."""
+    for value in (curve.meta.get("n_params"), curve.controls.n_params):
+        try:
+            n = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(n) and n > 0:
+            return n
+    return None
+
+
+def controls_with_size(curve: Curve) -> Controls:
+    """The curve's controls with N filled in from ``meta["n_params"]`` when the controls lack
+    it (banked and imported curves carry N in their meta), so a size-aware predictor sees it."""
+    c = curve.controls
+    if c.n_params is not None:
+        return c
+    n = curve_size(curve)
+    return c if n is None else dataclasses.replace(c, n_params=n)

@@ -51,9 +51,9 @@ import numpy as np
 
 from predictors import equations
 from predictors.align import AlignSettings
-from predictors.curves import Curve
+from predictors.curves import Curve, controls_with_size, curve_size
 from predictors.predictor import DECISION_FRACTIONS, DecisionError, Predictor, package_version
-from predictors.surrogate import B_BOX, Q_BOX, SurrogateParams
+from predictors.surrogate import B_BOX, M_BOX, Q_BOX, SurrogateParams
 
 # A curve must reach within this of t_min/t_max, and end within FINAL_TOL of t̂ = 1.
 COVER_TOL = 0.01
@@ -76,6 +76,8 @@ class FitBounds:
     q_const: tuple[float, float] = (1e-2, 1e1)
     q_exp: tuple[float, float] = (-1.5, 1.5)
     m: tuple[float, float] = (0.005, 0.6)
+    # The size term's exponent, m(N) = m·(N/N_ref)^m_size_exp (predictors.surrogate).
+    m_size_exp: tuple[float, float] = (-1.0, 1.0)
     # Ranges of the per-curve MAE tables in b and q (the physical box of the surrogate).
     b_table: tuple[float, float] = B_BOX
     q_table: tuple[float, float] = Q_BOX
@@ -120,8 +122,12 @@ class _Data:
     t_last: np.ndarray  # (C, 1) last observed t̂ (the normaliser's position)
     eta_last: np.ndarray  # (C, 1) η(t_last)
     needs_last: bool  # some curve ends before t̂ = 1
-    tau: np.ndarray  # (C,)
+    tau: np.ndarray  # (C,) τ as the covariate of b(τ): a τ = ∞ curve (λ = 0) counts as 1 (b_exp is then fixed at 0)
     tpp: np.ndarray  # (C,)
+    log_n: np.ndarray  # (C,) log(N_i/N_ref), 0 where N is unknown
+    size_ref: float  # N_ref: geometric centre of the distinct sizes (1.0 when none is known)
+    sizes_known: bool  # every curve reports its N
+    n_no_decay: int  # curves with τ = ∞
     eps1: float
     eps2: float
     final: np.ndarray  # (C, 1) loss at the last point (the normaliser L(1))
@@ -160,9 +166,25 @@ def _prepare(curves: Sequence[Curve], t_min: float, t_max: float, grid_points: i
         final[i, 0] = c.final_loss
         min_loss = min(min_loss, float(np.min(c.loss[t >= t_min])))
     tau = np.array([c.controls.tau for c in curves], dtype=np.float64)
+    no_decay = np.isinf(tau)
+    tau = np.where(no_decay, 1.0, tau)
     tpp = np.array([c.controls.tokens_per_param for c in curves], dtype=np.float64)
-    return _Data(grid, ell, eta, eta1, t_last, eta_last, bool(np.any(t_last < 1.0)), tau, tpp, eps1, eps2,
-                 final, min_loss)
+    sizes = np.array([np.nan if (n := curve_size(c)) is None else n for c in curves], dtype=np.float64)
+    known = bool(np.all(np.isfinite(sizes)))
+    distinct = _distinct(sizes[np.isfinite(sizes)])
+    size_ref = float(np.exp(np.mean(np.log(distinct)))) if distinct else 1.0
+    log_n = np.where(np.isfinite(sizes), np.log(np.where(np.isfinite(sizes), sizes, 1.0) / size_ref), 0.0)
+    return _Data(grid, ell, eta, eta1, t_last, eta_last, bool(np.any(t_last < 1.0)), tau, tpp, log_n, size_ref,
+                 known, int(no_decay.sum()), eps1, eps2, final, min_loss)
+
+
+def _distinct(values: np.ndarray, tolerance: float = 0.01) -> list[float]:
+    """Distinct values (within a relative ``tolerance``), ascending."""
+    out: list[float] = []
+    for v in sorted(float(x) for x in values):
+        if not out or abs(v / out[-1] - 1.0) > tolerance:
+            out.append(v)
+    return out
 
 
 def _model(d: _Data, b: np.ndarray, q: np.ndarray, m: Any, rows: Any = slice(None)) -> np.ndarray:
@@ -231,10 +253,15 @@ def _grid_pair(
     free_exp: bool,
     size: int,
 ) -> tuple[float, float]:
-    """2-D grid search of (log const, exp) minimising mean_i table_i(log const + exp·log x_i)."""
+    """2-D grid search of (log const, exp) minimising mean_i table_i(log const + exp·log x_i).
+
+    The zoomed grids stay inside ``const_range`` and ``exp_range``: a best point on the edge
+    of the box used to zoom past it (a saved q_const of 14.6 with the bound at 10, issue 15)."""
     log_x = np.log(covariate)
-    lc_lo, lc_hi = math.log(const_range[0]), math.log(const_range[1])
-    e_lo, e_hi = exp_range if free_exp else (0.0, 0.0)
+    box_lc = (math.log(const_range[0]), math.log(const_range[1]))
+    box_e = exp_range if free_exp else (0.0, 0.0)
+    lc_lo, lc_hi = box_lc
+    e_lo, e_hi = box_e
     best = (0.0, 0.0)
     for zoom in range(3):
         lcs = np.linspace(lc_lo, lc_hi, size)
@@ -245,10 +272,10 @@ def _grid_pair(
         best = (float(lcs[i]), float(es[j]))
         # Zoom: ±2 grid cells around the best point.
         dlc = 2.0 * (lc_hi - lc_lo) / (size - 1)
-        lc_lo, lc_hi = best[0] - dlc, best[0] + dlc
+        lc_lo, lc_hi = max(best[0] - dlc, box_lc[0]), min(best[0] + dlc, box_lc[1])
         if free_exp:
             de = 2.0 * (e_hi - e_lo) / (size - 1)
-            e_lo, e_hi = best[1] - de, best[1] + de
+            e_lo, e_hi = max(best[1] - de, box_e[0]), min(best[1] + de, box_e[1])
     return best
 
 
@@ -272,6 +299,7 @@ def fit(
     align: Optional[AlignSettings] = None,
     decision_fractions: Sequence[float] = DECISION_FRACTIONS,
     provenance: Optional[Mapping[str, Any]] = None,
+    size_term: bool = True,
 ) -> FitResult:
     """Fit (b_const, b_exp, q_const, q_exp) — and m with ``fit_m=True`` — to reference curves.
 
@@ -293,6 +321,9 @@ def fit(
         align: alignment settings stored in the predictor (and used for ``decision_error``).
         decision_fractions: stop fractions at which ``decision_error`` is measured ([] skips it).
         provenance: extra provenance merged into the computed one (computed metrics win).
+        size_term: fit the size term m(N) = m·(N/N_ref)^m_size_exp (``predictors.surrogate``)
+            when every curve reports its N and the sizes span at least ``MIN_SPAN``×; with
+            one size (or ``False``) m_size_exp stays 0, the paper's surrogate.
 
     Always returns finite parameters. Raises ``ValueError`` on an empty list, bad windows,
     curves that do not cover the window, or ``m`` outside ``bounds.m``.
@@ -332,64 +363,76 @@ def fit(
     if not (math.isfinite(irreducible_loss) and 0.0 <= irreducible_loss < d.min_loss):
         raise ValueError(f"fit: irreducible_loss must be in [0, {d.min_loss:.4g}) (the lowest reference loss), "
                          f"got {irreducible_loss!r}")
-    fixed, notes = _identifiability(d)
+    fixed, notes = _identifiability(d, size_term)
     free_b_exp = "b_exp" not in fixed
     free_q_exp = "q_exp" not in fixed
     free_q = "q_const" not in fixed
+    free_size = size_term and "m_size_exp" not in fixed
     l0_max = max(L0_MAX_FRACTION * d.min_loss, irreducible_loss) if fit_irreducible else 0.0
 
     log_b_axis, log_q_axis = _table_axes(bounds, table_size)
     log_m_axis = np.linspace(math.log(bounds.m[0]), math.log(bounds.m[1]), 4 * grid_size)
+    size_axis = np.linspace(bounds.m_size_exp[0], bounds.m_size_exp[1], 4 * grid_size + 1)
 
     def b_q(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             return p[0] * d.tau ** p[1], p[2] * d.tpp ** p[3]
 
-    def per_curve(p: np.ndarray, mm: float, l0: float) -> np.ndarray:
-        return _curve_mae(d, *b_q(p), mm, l0=l0)
+    def per_curve(p: np.ndarray, mm: float, mn: float, l0: float) -> np.ndarray:
+        return _curve_mae(d, *b_q(p), _m_curves(d, mm, mn), l0=l0)
 
-    def score(p: np.ndarray, mm: float, l0: float) -> float:
+    def score(p: np.ndarray, mm: float, mn: float, l0: float) -> float:
         b, q = b_q(p)
         # Rejected unless every reference curve's b and q lie in the surrogate's physical box.
         if not np.all((b >= B_BOX[0]) & (b <= B_BOX[1]) & (q >= Q_BOX[0]) & (q <= Q_BOX[1])):
             return OUTSIDE_BOX
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            v = float(_curve_mae(d, b, q, mm, l0=l0).mean())
+            v = float(_curve_mae(d, b, q, _m_curves(d, mm, mn), l0=l0).mean())
         return v if math.isfinite(v) else OUTSIDE_BOX
 
-    # State: (b_const, b_exp, q_const, q_exp), m, L̂. Start from q = 1 for every curve.
+    # State: (b_const, b_exp, q_const, q_exp), m, the size exponent, L̂. Start from q = 1 for every curve.
     p = np.array([0.1, 0.0, 1.0, 0.0])
-    mm, l0 = float(m), float(irreducible_loss)
-    best = score(p, mm, l0)
+    mm, mn, l0 = float(m), 0.0, float(irreducible_loss)
+    best = score(p, mm, mn, l0)
     iterations = 0
     for iterations in range(1, max_iterations + 1):
         before = best
+        b_pre, q_pre = b_q(p)
+        if free_size:
+            # The size exponent of m(N) = m·(N/N_ref)^m_size_exp, b and q fixed.
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                scores = _curve_mae(d, b_pre, q_pre, _m_curves(d, mm, size_axis[:, None, None]), l0=l0).mean(axis=-1)
+            scores = np.where(np.isfinite(scores), scores, OUTSIDE_BOX)
+            k = int(np.argmin(scores))
+            if float(scores[k]) < best:
+                mn, best = float(size_axis[k]), float(scores[k])
+        m_now = _m_curves(d, mm, mn)
         # (b_const, b_exp) with q fixed.
         q_now = p[2] * d.tpp ** p[3]
-        table = _table(d, log_b_axis, q_now, mm, "b", l0)
+        table = _table(d, log_b_axis, q_now, m_now, "b", l0)
         lc, e = _grid_pair(table, log_b_axis, d.tau, bounds.b_const, bounds.b_exp, free_b_exp, grid_size)
         cand = np.array([math.exp(lc), e, p[2], p[3]])
-        if (s_ := score(cand, mm, l0)) < best:
+        if (s_ := score(cand, mm, mn, l0)) < best:
             p, best = cand, s_
         if free_q:
             # (q_const, q_exp) with b fixed.
             b_now = p[0] * d.tau ** p[1]
-            table = _table(d, log_q_axis, b_now, mm, "q", l0)
+            table = _table(d, log_q_axis, b_now, m_now, "q", l0)
             lc, e = _grid_pair(table, log_q_axis, d.tpp, bounds.q_const, bounds.q_exp, free_q_exp, grid_size)
             cand = np.array([p[0], p[1], math.exp(lc), e])
-            if (s_ := score(cand, mm, l0)) < best:
+            if (s_ := score(cand, mm, mn, l0)) < best:
                 p, best = cand, s_
         b_now = p[0] * d.tau ** p[1]
         q_now = p[2] * d.tpp ** p[3]
         if fit_m:
             ms = np.exp(log_m_axis)
-            scores = _curve_mae(d, b_now, q_now, ms[:, None, None], l0=l0).mean(axis=-1)
+            scores = _curve_mae(d, b_now, q_now, _m_curves(d, ms[:, None, None], mn), l0=l0).mean(axis=-1)
             k = int(np.argmin(scores))
             if float(scores[k]) < best:
                 mm, best = float(ms[k]), float(scores[k])
         if fit_irreducible:
             l0s = np.linspace(0.0, l0_max, 4 * grid_size)
-            scores = _curve_mae(d, b_now, q_now, mm, l0=l0s[:, None, None]).mean(axis=-1)
+            scores = _curve_mae(d, b_now, q_now, _m_curves(d, mm, mn), l0=l0s[:, None, None]).mean(axis=-1)
             k = int(np.argmin(scores))
             if float(scores[k]) < best:
                 l0, best = float(l0s[k]), float(scores[k])
@@ -397,19 +440,26 @@ def fit(
             break
 
     if refine:
-        p, mm, l0, best = _refine(p, mm, l0, best, score, bounds, fit_m, l0_max,
-                                  (True, free_b_exp, free_q, free_q_exp))
+        p, mm, mn, l0, best = _refine(p, mm, mn, l0, best, score, bounds, fit_m, free_size, l0_max,
+                                      (True, free_b_exp, free_q, free_q_exp))
+    # Every saved parameter lies inside its bound (issue 15: a zoom once left the box).
+    p, mm, mn = _clip_to_bounds(p, mm, mn, bounds)
 
     notes += _bound_notes(p, mm, l0, bounds, fit_m, fit_irreducible, l0_max)
+    if free_size and abs(mn - bounds.m_size_exp[0]) < 1e-9 or free_size and abs(mn - bounds.m_size_exp[1]) < 1e-9:
+        notes.append(f"m_size_exp = {mn:.4g} is on its bound [{bounds.m_size_exp[0]:g}, {bounds.m_size_exp[1]:g}]")
     for note in notes:
         logger.info("fit: %s", note)
-    params = SurrogateParams(float(p[0]), float(p[1]), float(p[2]), float(p[3]), float(mm), eps1, eps2, float(l0))
+    size_ref = d.size_ref if free_size else 1.0
+    params = SurrogateParams(float(p[0]), float(p[1]), float(p[2]), float(p[3]), float(mm), eps1, eps2, float(l0),
+                             float(mn) if free_size else 0.0, float(size_ref))
     b_fit = np.asarray(params.b(d.tau))
     q_fit = np.asarray(params.q(d.tpp))
-    curve_mae = per_curve(p, mm, l0)
+    curve_mae = per_curve(p, mm, mn if free_size else 0.0, l0)
     if not np.all(np.isfinite(curve_mae)):  # the box makes this unreachable; never ship NaN
         raise ValueError("fit: the fitted surrogate is non-finite on the reference curves")
-    ob, oq, oracle_curve = _oracle(d, b_fit, q_fit, mm, curve_mae, log_b_axis, log_q_axis, l0)
+    m_fit = _m_curves(d, mm, mn if free_size else 0.0)
+    ob, oq, oracle_curve = _oracle(d, b_fit, q_fit, m_fit, curve_mae, log_b_axis, log_q_axis, l0)
     fit_mae = float(curve_mae.mean())
     oracle_mae = float(oracle_curve.mean())
 
@@ -426,7 +476,7 @@ def fit(
     prov = _provenance(curves, provenance, fit_mae, oracle_mae, t_min, t_max, grid_points, fit_m,
                        free_b_exp, free_q_exp)
     prov.update({"fixed_parameters": fixed, "fit_notes": list(notes),
-                 "irreducible_loss_fitted": bool(fit_irreducible)})
+                 "irreducible_loss_fitted": bool(fit_irreducible), "size_term": bool(free_size)})
     predictor = Predictor(params, bool(fit_m), align, decision_error, prov)
     return FitResult(
         predictor, fit_mae, oracle_mae, curve_mae, oracle_curve, ob, oq, rel, iterations,
@@ -434,14 +484,43 @@ def fit(
     )
 
 
-def _identifiability(d: _Data) -> tuple[dict[str, str], list[str]]:
+def _m_curves(d: _Data, mm: Any, mn: Any) -> Any:
+    """m per curve, m·(N_i/N_ref)^mn clipped into ``M_BOX``, shaped to broadcast against the
+    (..., curves, grid) model: the scalar ``mm`` itself without a size term. ``mm`` and ``mn``
+    may carry leading grid axes (..., 1, 1)."""
+    if np.ndim(mn) == 0 and float(mn) == 0.0:
+        return mm
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        factor = np.exp(np.asarray(mn) * d.log_n[:, None])
+    return np.clip(np.asarray(mm) * factor, *M_BOX)
+
+
+def _clip_to_bounds(p: np.ndarray, mm: float, mn: float, bounds: FitBounds) -> tuple[np.ndarray, float, float]:
+    lo = [bounds.b_const[0], bounds.b_exp[0], bounds.q_const[0], bounds.q_exp[0]]
+    hi = [bounds.b_const[1], bounds.b_exp[1], bounds.q_const[1], bounds.q_exp[1]]
+    # The exponents fixed at 0 may lie outside a user's bounds that exclude 0: keep them at 0.
+    clipped = np.clip(p, lo, hi)
+    clipped[1] = p[1] if p[1] == 0.0 else clipped[1]
+    clipped[3] = p[3] if p[3] == 0.0 else clipped[3]
+    # A fixed m (fit_m=False) was checked against the bounds on entry.
+    mm = float(np.clip(mm, *bounds.m))
+    mn = float(np.clip(mn, *bounds.m_size_exp)) if mn != 0.0 else 0.0
+    return clipped, mm, mn
+
+
+def _identifiability(d: _Data, size_term: bool = True) -> tuple[dict[str, str], list[str]]:
     """Parameters the bank cannot identify (name → why), and the fit-log lines saying so."""
     fixed: dict[str, str] = {}
 
     def span(values: np.ndarray) -> float:
         return float(values.max() / values.min())
 
-    if span(d.tau) < MIN_SPAN:
+    n = d.tau.size
+    if d.n_no_decay:
+        # τ = ∞ has no place on the τ^b_exp power law: the τ term is fixed (issue 15).
+        fixed["b_exp"] = (f"{d.n_no_decay} of {n} curves have no weight decay (λ = 0, τ = ∞): the τ term of "
+                          "Eq. 5 is fixed, b_exp = 0 (b = b_const for every τ)")
+    elif span(d.tau) < MIN_SPAN:
         fixed["b_exp"] = (f"τ spans {d.tau.min():.4g}–{d.tau.max():.4g} (< {MIN_SPAN:g}×): "
                           "b_exp fixed at 0")
     if float(np.max(np.ptp(d.eta, axis=1))) < 1e-9:
@@ -454,15 +533,23 @@ def _identifiability(d: _Data) -> tuple[dict[str, str], list[str]]:
                           "q_exp fixed at 0")
     notes = [f"{name} not identifiable from the bank: {why}" for name, why in fixed.items()
              if not (name == "q_exp" and "q_const" in fixed)]
+    if size_term:
+        # Not a failure of the bank: one size is the usual case, so it is recorded, not noted.
+        if not d.sizes_known:
+            fixed["m_size_exp"] = "not every curve reports its model size N: no size term (m_size_exp = 0)"
+        elif float(np.exp(np.ptp(d.log_n))) < MIN_SPAN:
+            fixed["m_size_exp"] = (f"the model sizes span {float(np.exp(np.ptp(d.log_n))):.3g}× (< {MIN_SPAN:g}×): "
+                                   "no size term (m_size_exp = 0)")
     return fixed, notes
 
 
 def _refine(
-    p: np.ndarray, mm: float, l0: float, best: float, score: Any, bounds: FitBounds,
-    fit_m: bool, l0_max: float, free: tuple[bool, bool, bool, bool],
-) -> tuple[np.ndarray, float, float, float]:
+    p: np.ndarray, mm: float, mn: float, l0: float, best: float, score: Any, bounds: FitBounds,
+    fit_m: bool, fit_size: bool, l0_max: float, free: tuple[bool, bool, bool, bool],
+) -> tuple[np.ndarray, float, float, float, float]:
     """Bounded Nelder–Mead on the free parameters (log b_const, b_exp, log q_const, q_exp
-    [, log m][, L̂]) from the grid optimum, restarted once; keeps the grid point if it is better."""
+    [, log m][, m_size_exp][, L̂]) from the grid optimum, restarted once; keeps the grid point
+    if it is better."""
     from scipy.optimize import minimize  # imported here: the run-time predictor needs no scipy
 
     fit_l0 = l0_max > 0
@@ -476,20 +563,24 @@ def _refine(
     if fit_m:
         x.append(math.log(mm))
         box.append((math.log(bounds.m[0]), math.log(bounds.m[1])))
+    if fit_size:
+        x.append(mn)
+        box.append(bounds.m_size_exp)
     if fit_l0:
         x.append(l0)
         box.append((0.0, l0_max))
 
-    def unpack(v: np.ndarray) -> tuple[np.ndarray, float, float]:
+    def unpack(v: np.ndarray) -> tuple[np.ndarray, float, float, float]:
         it = iter(v)
         full = [next(it) if f else x0 for f, x0 in zip(free, x_all)]
         m_ = math.exp(next(it)) if fit_m else mm
+        n_ = float(next(it)) if fit_size else mn
         l_ = float(next(it)) if fit_l0 else l0
         pp = np.array([math.exp(full[0]), full[1], math.exp(full[2]), full[3]])
         # exp(log bound) can overshoot the bound by an ulp: clip back into the box.
         lo = [bounds.b_const[0], bounds.b_exp[0], bounds.q_const[0], bounds.q_exp[0]]
         hi = [bounds.b_const[1], bounds.b_exp[1], bounds.q_const[1], bounds.q_exp[1]]
-        return np.clip(pp, lo, hi), float(np.clip(m_, *bounds.m)), l_
+        return np.clip(pp, lo, hi), float(np.clip(m_, *bounds.m)), n_, l_
 
     def objective(v: np.ndarray) -> float:
         return score(*unpack(v))
@@ -504,9 +595,9 @@ def _refine(
         if np.all(np.isfinite(res.x)) and res.fun < best:
             best_x, best, start = res.x, float(res.fun), res.x
     if best_x is None:
-        return p, mm, l0, best
-    p_new, m_new, l_new = unpack(best_x)
-    return p_new, m_new, l_new, best
+        return p, mm, mn, l0, best
+    p_new, m_new, n_new, l_new = unpack(best_x)
+    return p_new, m_new, n_new, l_new, best
 
 
 def _bound_notes(
@@ -587,9 +678,11 @@ def score_curves(
         )
     b = np.asarray(p.b(d.tau), dtype=np.float64)
     q = np.asarray(p.q(d.tpp), dtype=np.float64)
-    mae = _curve_mae(d, b, q, p.m, l0=p.irreducible_loss)
+    # m per curve: m(N) of the predictor's size term (m itself without one).
+    m = (np.array([[p.m_at(curve_size(c))] for c in curves]) if p.has_size_term else p.m)
+    mae = _curve_mae(d, b, q, m, l0=p.irreducible_loss)
     log_b_axis, log_q_axis = _table_axes(bounds, table_size)
-    ob, oq, oracle = _oracle(d, b, q, p.m, mae, log_b_axis, log_q_axis, p.irreducible_loss)
+    ob, oq, oracle = _oracle(d, b, q, m, mae, log_b_axis, log_q_axis, p.irreducible_loss)
     return CurveScores(mae, oracle, ob, oq)
 
 
@@ -658,12 +751,12 @@ def _decision_errors(
             if t.size < predictor.align.min_points:
                 continue
             try:
-                pred = predictor.predict_final(t, y, c.controls).final_loss
+                pred = predictor.predict_final(t, y, controls_with_size(c)).final_loss
             except ValueError:  # e.g. a loss at or below the irreducible loss: no prediction
                 continue
             # Compare at the curve's last point (t̂ = 1 for complete logs).
             t_last = float(c.t_hat[-1])
-            at_last = float(predictor.loss_curve([t_last], c.controls, pred)[0])
+            at_last = float(predictor.loss_curve([t_last], controls_with_size(c), pred)[0])
             errs[i] = at_last / c.final_loss - 1.0
         if np.any(np.isfinite(errs)):
             out[s] = errs
@@ -689,12 +782,15 @@ def _provenance(
         except TypeError:
             return sorted(vals, key=str)
 
-    taus = [c.controls.tau for c in curves]
+    taus = [float(c.controls.tau) for c in curves if math.isfinite(c.controls.tau)]
     descriptive: dict[str, Any] = {
         "n_curves": len(curves),
         "model_sizes": uniq("n_params"),
         "tokens_per_param": sorted({float(c.controls.tokens_per_param) for c in curves}),
-        "tau_range": [float(min(taus)), float(max(taus))],
+        # Finite τ only; curves without weight decay (τ = ∞) are counted apart.
+        "tau_range": [min(taus), max(taus)] if taus else None,
+        "taus": _distinct(np.array(taus)) if taus else [],
+        "no_weight_decay_curves": sum(1 for c in curves if math.isinf(c.controls.tau)),
         "schedules": sorted({c.controls.schedule.name for c in curves}),
         "warmup_fractions": sorted({float(c.controls.schedule.warmup_fraction) for c in curves}),
         "corpus_hash": (lambda h: h[0] if len(h) == 1 else (h or None))(uniq("corpus_hash")),

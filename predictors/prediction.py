@@ -22,6 +22,8 @@ class Prediction:
         residual: RMS relative residual of the aligned segment (L/L(T) − ℓ̂).
         error_source: which calibrated error e(s) went into ``uncertainty`` (in-scale,
             cross-scale, or uncalibrated) and why.
+        curve_source: which normalised curve the run was aligned to: the surrogate, the
+            surrogate's size term at the run's N, or calibrated reference curves.
     """
 
     final_loss: float
@@ -31,6 +33,7 @@ class Prediction:
     n_points: int
     residual: float
     error_source: str = "uncalibrated"
+    curve_source: str = "surrogate"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -28,16 +29,20 @@ from predictors.align import (
     segment_indices,
 )
 from predictors.controls import Controls
+from predictors.distance import ErrorGroup, off_scale_error
 from predictors.io import atomic_write_json, json_safe, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
 from predictors.ranking import Position, RankingError
+from predictors.references import ReferenceCurves
 from predictors.surrogate import SurrogateParams
 
 SCHEMA = "collapse-hpo/predictor"
 # Version 2 added params.irreducible_loss and decision_error.cross_scale, version 3 the
-# ranking_error (all optional, so version-1 and -2 files still load unchanged).
-SCHEMA_VERSION = 3
+# ranking_error, version 4 the size term (params.m_size_exp, size_ref), the reference curves
+# and the per-group decision errors (decision_error.groups); all optional, so version-1 to -3
+# files still load unchanged.
+SCHEMA_VERSION = 4
 # The distribution whose version the provenance records, and the version recorded when it is
 # not installed (predictors must stay importable on its own).
 DISTRIBUTION = "collapse-hpo"
@@ -49,6 +54,15 @@ SMOOTHING_SUBSAMPLES = 16
 # A run is at the calibrated scale when its TPP (and N, when known) lies within this relative
 # distance of a TPP (N) the predictor was calibrated on.
 SCALE_TOLERANCE = 0.1
+# The axes on which the decision error judges how far a run is off the calibrated scale, with
+# the provenance key that lists the calibrated values (the ranking error uses the first two).
+DECISION_AXES = (("tokens_per_param", "tokens_per_param"), ("n_params", "model_sizes"), ("tau", "taus"))
+
+
+class NParamsMissingWarning(UserWarning):
+    """A run without ``n_params`` was predicted by a predictor calibrated on model sizes: it is
+    assumed to be at a calibrated size, so the in-scale error is stated (issue 15: ±2σ then
+    covered 20% instead of 75% on a ladder extrapolated 2–3× in N)."""
 
 
 def package_version() -> str:
@@ -71,7 +85,12 @@ class DecisionError:
 
     ``cross_scale`` (optional, same stop fractions) is the error measured across scales: the
     predictor refitted without one model size or one TPP of the bank and scored on it
-    (``cross_scale_source`` says which); it applies to runs away from the calibrated scale.
+    (``cross_scale_source`` says which), pooled over the held-out groups.
+
+    ``groups`` (optional) are the same errors per held-out group, with where each lay
+    (``predictors.distance``): a run off the calibrated scale gets the error of the groups
+    held out in the same situation at least as far away, grown with distance beyond the
+    farthest. The pooled ``cross_scale`` applies only on axes without groups (older files).
     """
 
     stop_fractions: tuple[float, ...]
@@ -82,8 +101,13 @@ class DecisionError:
     bias: Optional[tuple[float, ...]] = None
     cross_scale: Optional[tuple[float, ...]] = None
     cross_scale_source: Optional[str] = None
+    groups: tuple[ErrorGroup, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", tuple(self.groups))
+        for g in self.groups:
+            if not isinstance(g, ErrorGroup) or len(g.rms) != len(self.stop_fractions):
+                raise ValueError("decision_error: every group must be an ErrorGroup with one error per stop fraction")
         s = np.asarray(self.stop_fractions, dtype=np.float64)
         e = np.asarray(self.rel_error, dtype=np.float64)
         if s.ndim != 1 or s.size == 0 or s.shape != e.shape:
@@ -128,6 +152,7 @@ class DecisionError:
             "bias": None if self.bias is None else list(self.bias),
             "cross_scale": None if self.cross_scale is None else list(self.cross_scale),
             "cross_scale_source": self.cross_scale_source,
+            "groups": [g.to_dict() for g in self.groups] if self.groups else None,
         }
 
 
@@ -163,6 +188,10 @@ class Predictor:
         provenance: what the predictor was fitted on (JSON-serialisable values).
         ranking_error: how reliably it orders the trials of one sweep, by kind of sweep and
             stop fraction (``predictors.ranking``; measured by ``hpo calibrate``), or None.
+        references: calibrated normalised curves by controls and size
+            (``predictors.references``): when set, a run whose controls match one gets ℓ from
+            them, interpolated in log N (paper §5 steps 2–3), and every other run the
+            surrogate. ``hpo calibrate`` sets it when leave-one-size-out says it predicts better.
     """
 
     params: SurrogateParams
@@ -171,6 +200,7 @@ class Predictor:
     decision_error: Optional[DecisionError] = None
     provenance: dict[str, Any] = field(default_factory=dict)
     ranking_error: Optional[RankingError] = None
+    references: Optional[ReferenceCurves] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SurrogateParams):
@@ -179,6 +209,9 @@ class Predictor:
             raise ValueError("align: must be an AlignSettings")
         if self.ranking_error is not None and not isinstance(self.ranking_error, RankingError):
             raise ValueError("ranking_error: must be a RankingError")
+        if self.references is not None and not isinstance(self.references, ReferenceCurves):
+            raise ValueError("references: must be a ReferenceCurves")
+        object.__setattr__(self, "_warned", set())
         # Small per-controls cache of (b, q, η(1)): the scheduler calls predict_final many
         # times for the same few trials.
         object.__setattr__(self, "_cache", {})
@@ -230,18 +263,27 @@ class Predictor:
             return False, f"N = {controls.n_params:.3g} is not a calibrated model size ({sizes})"
         return True, "at the calibrated scale"
 
-    def positions(self, controls: Sequence[Controls]) -> list[Position]:
-        """Where these runs lie off the calibrated scale: per axis (TPP, and N where reported)
-        and side of the calibrated range, the farthest run's ``Position``; [] when all are at a
-        calibrated TPP and size."""
+    def positions(self, controls: Sequence[Controls], axes: Sequence[str] = ("tokens_per_param", "n_params")
+                  ) -> list[Position]:
+        """Where these runs lie off the calibrated scale: per axis (TPP, N where reported, and τ
+        when ``axes`` holds ``"tau"``) and side of the calibrated range, the farthest run's
+        ``Position``; [] when all are at calibrated values. The ranking error judges TPP and N
+        (the default ``axes``; τ varies within its sweeps by kind); the decision error all
+        three (:data:`DECISION_AXES`). τ = ∞ (no weight decay) is at the calibrated scale when
+        the bank held such runs, else beyond every calibrated τ (distance ∞)."""
         prov = self.provenance
+        keys = dict(DECISION_AXES)
         worst: dict[tuple[str, bool], Position] = {}
         for c in controls:
-            for axis, value, known in (("tokens_per_param", c.tokens_per_param, prov.get("tokens_per_param")),
-                                       ("n_params", c.n_params, prov.get("model_sizes"))):
-                if value is None:
+            for axis in axes:
+                value = {"tokens_per_param": c.tokens_per_param, "n_params": c.n_params, "tau": c.tau}[axis]
+                known = prov.get(keys[axis])
+                if value is None or not known:
                     continue
-                pos = Position.of(float(value), known, axis)
+                if axis == "tau" and math.isinf(value):
+                    pos = None if prov.get("no_weight_decay_curves") else Position("tau", False, math.inf)
+                else:
+                    pos = Position.of(float(value), known, axis)
                 if pos is None:
                     continue
                 key = (pos.axis, pos.inside)
@@ -249,24 +291,64 @@ class Predictor:
                     worst[key] = pos
         return list(worst.values())
 
+    def _warn_once(self, key: str, message: str, category: type[Warning] = UserWarning) -> None:
+        warned: set[str] = self._warned  # type: ignore[attr-defined]
+        if key not in warned:
+            warned.add(key)
+            warnings.warn(message, category, stacklevel=3)
+
+    def _check_size_reported(self, controls: Controls) -> Optional[str]:
+        """Warn (once per predictor) when a run has no N but the predictor knows sizes; the note."""
+        if controls.n_params is not None or not self.provenance.get("model_sizes"):
+            return None
+        note = "N not reported: assumed a calibrated model size"
+        self._warn_once("n_params", (
+            "predictor: a run reports no n_params (Controls(..., n_params=N), its non-embedding parameter "
+            "count); it is assumed to be at a calibrated model size, so the in-scale error is stated"
+            + (" and the size-dependent curve is taken at the calibrated centre" if self.size_method != "surrogate"
+               else "") + ". Give N to get the error for its distance from the calibrated sizes."),
+            NParamsMissingWarning)
+        return note
+
     def relative_error(self, stop_fraction: float, controls: Controls) -> tuple[float, str]:
         """The calibrated relative error e(s) that applies to a run with ``controls``, and its
-        source: the cross-scale error when the run is away from the calibrated scale and the
-        predictor measured one (and it is the larger), else the in-scale error; 0 when
-        uncalibrated."""
+        source; 0 when uncalibrated.
+
+        At the calibrated scale: the in-scale (leave-one-out) error. Off it (TPP, N or τ not
+        at a calibrated value, ``positions``), per axis: the error of the held-out groups in
+        the same situation at least as far away, grown with distance beyond the farthest
+        (``predictors.distance``), the axes adding in variance; on an axis without held-out
+        groups (files before version 4), the pooled cross-scale error when it is the larger.
+        A run without N is assumed at a calibrated size and warned about
+        (:class:`NParamsMissingWarning`).
+        """
         table = self.decision_error
         if table is None:
             return 0.0, "uncalibrated"
-        in_scale = table.at(stop_fraction)
+        s = float(stop_fraction)
+        in_scale = table.at(s)
+        note = self._check_size_reported(controls)
+        positions = self.positions([controls], axes=[a for a, _ in DECISION_AXES])
+        if not positions:
+            return in_scale, table.source + (f" ({note})" if note else "")
+        value, words, unmeasured = (off_scale_error(table.groups, table.stop_fractions, s, in_scale, positions)
+                                    if table.groups else (None, [], positions))
+        cross = table.cross_scale_at(s)
         at_reference, why = self.scale_check(controls)
-        cross = table.cross_scale_at(stop_fraction)
-        if at_reference:
-            return in_scale, table.source + ("" if why == "at the calibrated scale" else f" ({why})")
-        if cross is None:
-            return in_scale, f"{table.source}; {why}, but no cross-scale error was measured"
-        if cross >= in_scale:
-            return cross, f"{table.cross_scale_source or 'cross-scale'} ({why})"
-        return in_scale, f"{table.source} (larger than the cross-scale error; {why})"
+        if at_reference or all(p.axis == "tau" for p in unmeasured):
+            why = ", ".join(p.words() for p in unmeasured)
+        if unmeasured and cross is not None and cross > in_scale:
+            base = in_scale if value is None else value
+            value = math.sqrt(base * base + cross * cross - in_scale * in_scale)
+            words.append(f"{table.cross_scale_source or 'cross-scale'} ({why})")
+        elif unmeasured and value is None:
+            if cross is None:
+                return in_scale, f"{table.source}; {why}, but no cross-scale error was measured"
+            return in_scale, f"{table.source} (larger than the cross-scale error; {why})"
+        if note:
+            words.append(note)
+        assert value is not None
+        return max(value, in_scale), "; ".join(words)
 
     def ranking_scale(
         self, stop_fraction: float, kind: str, controls: Sequence[Controls] = ()
@@ -295,9 +377,41 @@ class Predictor:
                                         f"predictions each off by the decision error e(s){where}")
         return 0.0, "uncalibrated predictor (no decision or ranking error): margin 0"
 
+    @property
+    def size_method(self) -> str:
+        """How model size enters ℓ: ``"reference curves"`` (``references`` set; the surrogate
+        for runs they do not cover), ``"size term"`` (m(N), ``predictors.surrogate``) or
+        ``"surrogate"`` (the paper's Eq. 4–5, no N)."""
+        if self.references is not None:
+            return "reference curves"
+        return "size term" if self.params.has_size_term else "surrogate"
+
+    def curve_source(self, controls: Controls) -> str:
+        """Which normalised curve a run with ``controls`` is aligned to, in words."""
+        if self.references is not None:
+            ell, why = self.references.normalized(np.array([1.0]), controls, self._surrogate_ell)
+            if ell is not None:
+                return why
+            return f"surrogate ({why})"
+        if self.params.has_size_term:
+            n = controls.n_params
+            return (f"surrogate with size term, m(N = {n:.3g}) = {self.params.m_at(n):.4g}" if n is not None else
+                    f"surrogate with size term at N_ref = {self.params.size_ref:.3g} (N not reported)")
+        return "surrogate"
+
     def _ell_hat(self, t: np.ndarray, controls: Controls) -> np.ndarray:
         if not isinstance(controls, Controls):
             raise ValueError(f"controls: must be a Controls, got {type(controls).__name__}")
+        if self.size_method != "surrogate":
+            self._check_size_reported(controls)
+        if self.references is not None:
+            ell, _ = self.references.normalized(t, controls, self._surrogate_ell)
+            if ell is not None:
+                return ell
+        return self._surrogate_ell(t, controls)
+
+    def _surrogate_ell(self, t: np.ndarray, controls: Controls) -> np.ndarray:
+        """ℓ̂ of Eq. 4–5 (with the size term when fitted) at validated ``t``."""
         cache: dict[Controls, tuple[float, float, float]] = self._cache  # type: ignore[attr-defined]
         key = controls
         hit = cache.get(key)
@@ -313,7 +427,7 @@ class Predictor:
             cache[key] = hit
         b, q, eta1 = hit
         p = self.params
-        return equations.surrogate(t, controls.schedule(t), eta1, b, q, p.m, p.eps1, p.eps2)
+        return equations.surrogate(t, controls.schedule(t), eta1, b, q, p.m_at(controls.n_params), p.eps1, p.eps2)
 
     # ------------------------------------------------------------- prediction
     def predict_final(
@@ -389,6 +503,7 @@ class Predictor:
             n_points=int(ts.size),
             residual=residual,
             error_source=source,
+            curve_source=self.curve_source(controls) if self.size_method != "surrogate" else "surrogate",
         )
 
     def _smoothed_ell_hat(
@@ -434,11 +549,14 @@ class Predictor:
                 "eps1": p.eps1,
                 "eps2": p.eps2,
                 "irreducible_loss": p.irreducible_loss,
+                "m_size_exp": p.m_size_exp,
+                "size_ref": p.size_ref,
                 "m_fitted": bool(self.m_fitted),
             },
             "alignment": self.align.to_dict(),
             "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
             "ranking_error": None if self.ranking_error is None else self.ranking_error.to_dict(),
+            "references": None if self.references is None else self.references.to_dict(),
             "provenance": json_safe(self.provenance),
         }
 
@@ -455,7 +573,7 @@ class Predictor:
         pr = doc.params
         try:
             params = SurrogateParams(pr.b_const, pr.b_exp, pr.q_const, pr.q_exp, pr.m, pr.eps1, pr.eps2,
-                                     pr.irreducible_loss)
+                                     pr.irreducible_loss, pr.m_size_exp, pr.size_ref)
             align = AlignSettings(**doc.alignment.model_dump())
             de = None
             if doc.decision_error is not None:
@@ -464,13 +582,15 @@ class Predictor:
                     tuple(d.stop_fractions), tuple(d.rel_error), d.statistic, d.n_curves, d.source,
                     None if d.bias is None else tuple(d.bias),
                     None if d.cross_scale is None else tuple(d.cross_scale), d.cross_scale_source,
+                    tuple(ErrorGroup.from_dict(g) for g in d.groups or []),
                 )
             re_ = None if doc.ranking_error is None else RankingError.from_dict(doc.ranking_error)
+            refs = None if doc.references is None else ReferenceCurves.from_dict(doc.references)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{source}: invalid predictor file: ranking_error: {exc}"
+            raise ValueError(f"{source}: invalid predictor file: ranking_error, references or groups: {exc!r}"
                              if isinstance(exc, (KeyError, TypeError)) else
                              f"{source}: invalid predictor file: {exc}") from None
-        return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_)
+        return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_, refs)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the predictor as strict JSON (atomically) and return the path."""
@@ -500,6 +620,8 @@ class Predictor:
             f"Predictor(b_const={p.b_const:.4g}, b_exp={p.b_exp:.4g}, q_const={p.q_const:.4g}, "
             f"q_exp={p.q_exp:.4g}, m={p.m:.4g}{' (fitted)' if self.m_fitted else ''}, "
             f"{f'L̂={p.irreducible_loss:.4g}, ' if p.irreducible_loss else ''}"
+            f"{f'm_size_exp={p.m_size_exp:.4g} (N_ref={p.size_ref:.3g}), ' if p.has_size_term else ''}"
+            f"{f'references={len(self.references.curves)}, ' if self.references is not None else ''}"
             f"align={self.align.objective}@[{self.align.start_ratio}·s, s], "
             f"calibrated={self.decision_error is not None})"
         )
@@ -519,6 +641,8 @@ class ParamsModel(_Strict):
     eps1: float = Field(gt=0)
     eps2: float = Field(gt=0)
     irreducible_loss: float = Field(0.0, ge=0)
+    m_size_exp: float = 0.0
+    size_ref: float = Field(1.0, gt=0)
     m_fitted: bool
 
 
@@ -538,6 +662,8 @@ class DecisionErrorModel(_Strict):
     bias: Optional[list[float]] = None
     cross_scale: Optional[list[float]] = None
     cross_scale_source: Optional[str] = None
+    # Validated by predictors.distance.ErrorGroup.from_dict (version 4).
+    groups: Optional[list[dict[str, Any]]] = None
 
     @field_validator("rel_error")
     @classmethod
@@ -568,17 +694,19 @@ class DecisionErrorModel(_Strict):
 
 
 class PredictorFile(_Strict):
-    """The on-disk schema of a predictor (versions 1 and 2; 2 adds optional fields)."""
+    """The on-disk schema of a predictor (versions 1–4; each adds optional fields)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, populate_by_name=True)
 
     schema_: Literal["collapse-hpo/predictor"] = Field(alias="schema")
-    schema_version: Literal[1, 2, 3]
+    schema_version: Literal[1, 2, 3, 4]
     params: ParamsModel
     alignment: AlignModel
     decision_error: Optional[DecisionErrorModel] = None
     # Validated by predictors.ranking.RankingError.from_dict (version 3).
     ranking_error: Optional[dict[str, Any]] = None
+    # Validated by predictors.references.ReferenceCurves.from_dict (version 4).
+    references: Optional[dict[str, Any]] = None
     provenance: dict[str, Any] = Field(default_factory=dict)
 
 

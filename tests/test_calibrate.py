@@ -117,7 +117,7 @@ def test_fit_and_report_leaves_out_incomplete_curves_and_reports_coverage(tmp_pa
                              provenance={}, source="test-bank")
     assert summary["n_curves"] == 6 and any("nan-tail" in n and "left out" in n for n in summary["notes"])
     mode = summary["modes"]["five-parameter"]
-    assert set(mode["coverage"]) == {"leave-one-out", "leave-one-TPP-out"}
+    assert set(mode["coverage"]) == {"leave-one-out", "leave-one-TPP-out", "leave-one-τ-out"}
     assert set(mode["coverage"]["leave-one-TPP-out"]) == {"in-scale e(s)", "cross-scale e(s)"}
     text = (tmp_path / "out" / "calibration.md").read_text()
     assert "Coverage of the stated intervals" in text and "nan-tail" in text

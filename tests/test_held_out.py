@@ -45,11 +45,11 @@ def test_across_scales_holds_out_each_tpp_and_size_the_bank_has():
     # One size → only leave-one-TPP-out; two sizes → both groupings, each group predicted by a
     # refit that never saw it.
     fit_kwargs = {"t_min": 0.05, "fit_m": True}
-    one = held_out.across_scales(_curves(), fit_kwargs=fit_kwargs, fractions=(0.2,))
+    one = held_out.across_scales(_curves(taus=(0.2,)), fit_kwargs=fit_kwargs, fractions=(0.2,))
     assert [h.scheme for h in one] == ["leave-one-TPP-out"] and one[0].n_groups == 3
     two = held_out.across_scales(_curves(tpps=(20.0, 80.0), sizes=(1e5, 4e5)), fit_kwargs=fit_kwargs,
-                                 fractions=(0.2,))
-    assert [h.scheme for h in two] == ["leave-one-TPP-out", "leave-one-size-out"]
+                                 fractions=(0.2,), extrapolate=False)
+    assert [h.scheme for h in two] == ["leave-one-TPP-out", "leave-one-size-out", "leave-one-τ-out"]
     assert all(np.isfinite(h.predicted).all() for h in two)
 
 
@@ -60,7 +60,8 @@ def test_decision_error_table_ships_the_larger_cross_scale_error():
     kwargs = {"t_min": 0.05, "fit_m": True}
     fractions = (0.1, 0.3)
     loo = held_out.leave_one_out(curves, fit_kwargs=kwargs, fractions=fractions)
-    cross = held_out.across_scales(curves, fit_kwargs=kwargs, fractions=fractions)
+    cross = held_out.across_scales(curves, fit_kwargs=kwargs, fractions=fractions, schemes=["leave-one-TPP-out"],
+                                   extrapolate=False)
     table = held_out.decision_error_table(loo, cross)
     assert table.source == "leave-one-out" and table.rel_error == pytest.approx(tuple(loo.rms()))
     assert table.cross_scale == pytest.approx(tuple(cross[0].rms()))

@@ -39,7 +39,8 @@ def test_file_is_plain_json_with_schema_fields(tmp_path):
     path = PRED.save(tmp_path / "p.json")
     doc = json.loads(path.read_text())
     assert doc["schema"] == "collapse-hpo/predictor" and doc["schema_version"] == SCHEMA_VERSION
-    assert set(doc["params"]) == {"b_const", "b_exp", "q_const", "q_exp", "m", "eps1", "eps2", "irreducible_loss", "m_fitted"}
+    assert set(doc["params"]) == {"b_const", "b_exp", "q_const", "q_exp", "m", "eps1", "eps2", "irreducible_loss",
+                                 "m_size_exp", "size_ref", "m_fitted"}
     assert doc["params"]["m_fitted"] is True
     assert doc["alignment"] == {"objective": "l2", "start_ratio": 0.6, "min_start": 0.01, "min_points": 4}
     assert doc["decision_error"]["rel_error"] == [0.03, 0.012, 0.008, 0.004]
@@ -80,7 +81,7 @@ def _mutate(tmp_path, fn):
         (lambda d: d["params"].update(m_fitted="yes"), "params.m_fitted"),
         (lambda d: d["alignment"].update(objective="l3"), "alignment.objective"),
         (lambda d: d["alignment"].update(min_points=0), "alignment.min_points"),
-        (lambda d: d.update(schema_version=4), "schema_version"),
+        (lambda d: d.update(schema_version=5), "schema_version"),
         (lambda d: d.update(schema="other"), "schema"),
         (lambda d: d.pop("alignment"), "alignment"),
         (lambda d: d.update(extra=1), "extra"),
