@@ -175,6 +175,16 @@ def _resolve(path: str) -> Path:
     return candidate if candidate.is_absolute() else (Path.cwd() / candidate).resolve()
 
 
+def portable_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies inside it (a repository's
+    ``configs/calibration/default_bank.parquet``), else as given: a predictor file shipped to
+    other machines should not carry this machine's absolute paths."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _output(config: CalibrationConfig) -> Path:
     return _resolve(config.output_dir or f"runs/calibration/{config.name}")
 
@@ -184,7 +194,7 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
     frame = load_bank(bank_path)
     wanted = {run_id_of(c) for c in config.runs()}
     frame = frame[frame["run_id"].isin(wanted)]
-    provenance = {"calibration": config.name, "bank": str(bank_path)}
+    provenance = {"calibration": config.name, "bank": portable_path(bank_path)}
     return fit_and_report(bank_curves(frame), config.fit, predictor_path, _output(config),
                           provenance=provenance, source=str(bank_path))
 

@@ -127,3 +127,15 @@ def test_fit_and_report_leaves_out_incomplete_curves_and_reports_coverage(tmp_pa
     with pytest.raises(ConfigError, match="test-bank: only 2 complete curves"):
         fit_and_report(curves[:2] + [cut], settings, tmp_path / "q.json", tmp_path / "out2",
                        provenance={}, source="test-bank")
+
+
+def test_provenance_paths_carry_no_machine_prefix(tmp_path, monkeypatch):
+    # A bank inside the working directory is recorded relative to it (a shipped predictor
+    # names configs/calibration/..., not /home/someone/...); one outside stays as given.
+    from hpo.calibrate import portable_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    assert portable_path(tmp_path / "configs" / "bank.parquet") == "configs/bank.parquet"
+    outside = tmp_path.parent / "elsewhere.parquet"
+    assert portable_path(outside) == str(outside)
