@@ -1,0 +1,174 @@
+"""Model size: predict the largest widths of the width ladder from the smaller ones, per method.
+
+What: the width-ladder bank (``configs/calibration/width_ladder.yaml``: one family at TPP 20,
+τ 0.4, two seeds per width) is split by model size N: the ``--held`` largest widths are held
+out, the rest is the calibration. For each way model size can enter a prediction
+(``hpo.calibrate.FitSettings.size_method``) the calibration is run exactly as ``hpo
+calibrate`` runs it (``hpo.calibrate.fit_and_report``: fit, leave-one-out and cross-size
+errors, the distance-aware error beyond the calibrated sizes) on the smaller widths only, and
+the predictor it writes predicts every held-out run:
+
+* ``surrogate``: the four-parameter surrogate, no size term (the "fixed surrogate");
+* ``size term``: the surrogate with m(N) fitted (``predictors.surrogate``);
+* ``reference curves, size-term trend``: the paper's §5 steps 2–3 (the calibrated normalised
+  curve of matching controls, interpolated in log N), continued beyond the largest calibrated
+  size along the size term (``predictors.references``);
+* ``nearest width``: reference curves held at the largest calibrated width (the naive rule:
+  use the biggest model you calibrated on as the shape);
+* ``oracle``: b and q free for each held-out curve (same m): the best the surrogate's shape
+  can do (``predictors.fit.score_curves``), for the curve MAE only.
+
+Scores per method, over the held-out runs: the MAE of ℓ over t̂ ∈ [t_min, 1] (surrogate-based
+methods; the fit's own scorer), its ratio to the oracle, the mean |relative error| of the
+final loss predicted from the first s of each curve (the rung cut, ``hpo.held_out.predict_at``),
+and the share of true finals inside the predictor's stated ±2σ.
+
+Targets (issue 15): at or below the nearest-width rule at every s, and a curve MAE ≤ 1.5× the
+oracle; ±2σ covering ≥ 90% when predicting 2–4× beyond the largest calibrated size.
+
+Run::
+
+    python benchmarks/sizes.py [--config configs/calibration/width_ladder.yaml] [--held 2]
+        [--md benchmarks/sizes.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from hpo.calibrate import fit_and_report, load_calibration_config  # noqa: E402
+from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
+from hpo.held_out import predict_at  # noqa: E402
+from hpo.tables import markdown_table  # noqa: E402
+from predictors import Predictor  # noqa: E402
+from predictors.curves import Curve, curve_size  # noqa: E402
+from predictors.fit import score_curves  # noqa: E402
+from predictors.io import atomic_write_text  # noqa: E402
+
+FRACTIONS = (0.1, 0.2, 0.3, 0.5)
+#: (row label, FitSettings.size_method); the nearest-width rule is reference curves held at
+#: the largest calibrated size ("hold" beyond the sizes, predictors.references).
+METHODS = (
+    ("surrogate (no size term)", "surrogate"),
+    ("size term", "size term"),
+    ("reference curves, size-term trend", "reference curves, size-term trend"),
+    ("nearest width (reference curves, held)", "reference curves"),
+)
+SURROGATE_BASED = {"surrogate", "size term"}
+
+
+def ladder_curves(config_path: str) -> list[Curve]:
+    """The completed curves of the calibration's own runs in its bank."""
+    config = load_calibration_config(config_path)
+    frame = load_bank(config.bank)
+    wanted = {run_id_of(c) for c in config.runs()}
+    frame = frame[frame["run_id"].isin(wanted) & (frame["status"] == "completed")]
+    return list(bank_curves(frame))
+
+
+def score_method(predictor: Predictor, held: Sequence[Curve]) -> dict[str, Any]:
+    """Mean |relative error| of the final and ±2σ coverage at each s, over ``held``."""
+    errors: dict[float, list[float]] = {s: [] for s in FRACTIONS}
+    covered: dict[float, list[bool]] = {s: [] for s in FRACTIONS}
+    for curve in held:
+        for s in FRACTIONS:
+            pred = predict_at(predictor, curve, s)
+            if pred is None:
+                continue
+            errors[s].append(pred.final_loss / curve.final_loss - 1.0)
+            covered[s].append(abs(pred.final_loss - curve.final_loss) <= 2.0 * pred.uncertainty)
+    return {"mean_abs": {s: float(np.mean(np.abs(v))) if v else math.nan for s, v in errors.items()},
+            "bias": {s: float(np.mean(v)) if v else math.nan for s, v in errors.items()},
+            "coverage": {s: float(np.mean(v)) if v else math.nan for s, v in covered.items()},
+            "n": {s: len(v) for s, v in errors.items()}}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/calibration/width_ladder.yaml")
+    p.add_argument("--held", type=int, default=2, help="how many of the largest widths to hold out")
+    p.add_argument("--md", default="benchmarks/sizes.md")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    config = load_calibration_config(args.config)
+    curves = ladder_curves(args.config)
+    sizes = sorted({curve_size(c) for c in curves if curve_size(c)})
+    if len(sizes) < args.held + 2:
+        print(f"sizes: {len(sizes)} widths banked ({sizes}); need {args.held + 2} to hold out {args.held} "
+              f"and calibrate on 2 (train the rest: hpo calibrate {args.config})", file=sys.stderr)
+        return 2
+    held_sizes = sizes[-args.held:]
+    calib = [c for c in curves if curve_size(c) not in held_sizes]
+    held = [c for c in curves if curve_size(c) in held_sizes]
+    beyond = max(held_sizes) / max(s for s in sizes if s not in held_sizes)
+    rows: list[list[str]] = []
+    oracle_mae = math.nan
+    results: dict[str, dict[str, Any]] = {}
+    for label, method in METHODS:
+        settings = config.fit.model_copy(update={"size_method": method, "compare_fixed_m": False,
+                                                 "ranking_error": False})
+        with tempfile.TemporaryDirectory() as tmp:
+            fit_and_report(calib, settings, Path(tmp) / "p.json", Path(tmp) / "out",
+                           provenance={"calibration": "sizes benchmark"}, source=args.config)
+            predictor = Predictor.load(Path(tmp) / "p.json")
+        scored = score_method(predictor, held)
+        mae = ratio = math.nan
+        if method in SURROGATE_BASED:
+            scores = score_curves(predictor, held, t_min=settings.t_min)
+            mae = float(np.mean(scores.curve_mae))
+            oracle_mae = float(np.mean(scores.oracle_curve_mae))
+            ratio = mae / oracle_mae if oracle_mae > 0 else math.inf
+        scored.update(mae=mae, ratio=ratio, size_method=predictor.size_method)
+        results[label] = scored
+        print(f"  {label}: done [{time.monotonic() - started:.0f} s]", flush=True)
+
+    def pct(v: float) -> str:
+        return "n/a" if not math.isfinite(v) else f"{100 * v:.2f}%"
+
+    naive = results[METHODS[-1][0]]["mean_abs"]
+    for label, _ in METHODS:
+        r = results[label]
+        beats = all(r["mean_abs"][s] <= naive[s] + 1e-12 for s in FRACTIONS)
+        rows.append([label, pct(r["mae"]), "n/a" if not math.isfinite(r["ratio"]) else f"{r['ratio']:.2f}×",
+                     " / ".join(pct(r["mean_abs"][s]) for s in FRACTIONS),
+                     " / ".join(f"{100 * r['bias'][s]:+.2f}%" for s in FRACTIONS),
+                     " / ".join(pct(r["coverage"][s]) for s in FRACTIONS),
+                     "yes" if beats else "no"])
+    rows.append(["oracle (b, q free per curve; m of the size-term fit)", pct(oracle_mae), "1.00×", "", "", "", ""])
+    fr = " / ".join(f"{s:g}" for s in FRACTIONS)
+    table = markdown_table(["method", "curve MAE", "× oracle (target ≤ 1.5×)", f"mean |err| of final, s = {fr}",
+                            f"bias, s = {fr}", f"±2σ coverage, s = {fr}", "≤ nearest width at every s"], rows)
+    widths = sorted({(int(c.meta.get('d_model', 0)), curve_size(c)) for c in curves})
+    planned = sorted({int(r.get("model", {}).get("d_model", 0)) for r in config.runs()})
+    missing = [d for d in planned if d not in {w for w, _ in widths}]
+    missing_text = (f" Configured but not banked yet: d {', '.join(map(str, missing))} (`hpo calibrate {args.config}` "
+                    "trains them); the held-out widths are the largest banked ones." if missing else "")
+    text = "\n".join([
+        "# Model size: extrapolating to the largest widths", "",
+        f"Generated by `python benchmarks/sizes.py --config {args.config} --held {args.held}` (see its docstring "
+        f"for every definition). Bank `{config.bank}`: {len(curves)} completed runs, widths "
+        + ", ".join(f"d {d} (N {n:,.0f})" for d, n in widths) + "." + missing_text, "",
+        f"Calibrated on N ≤ {max(s for s in sizes if s not in held_sizes):,.0f} ({len(calib)} runs); predicted: "
+        f"N = {', '.join(f'{s:,.0f}' for s in held_sizes)} ({len(held)} runs), up to {beyond:.1f}× beyond the largest "
+        "calibrated size. Errors are (predicted − true) / true final loss from the first s of each run; coverage is "
+        "the share of true finals inside the stated ±2σ.", "",
+        table, ""])
+    atomic_write_text(args.md, text)
+    print(table)
+    print(f"wrote {args.md} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
