@@ -31,7 +31,6 @@ import numpy as np
 from hpo import rules
 from hpo.scheduler_state import RungRecord, SchedulerState, TrialRecord
 from predictors.curves import rung_cut
-from predictors.controls import Controls
 from predictors.io import finite_or_none
 from predictors.predictor import Predictor
 from predictors.smoothing import final_loss as smoothed_final_loss
@@ -154,12 +153,7 @@ def point_index(t: np.ndarray, fraction: float) -> Optional[int]:
 
 def controls_of(rec: TrialRecord) -> Any:
     """``predictors.Controls`` of a trial, or None (no controls, or not buildable)."""
-    if not rec.controls:
-        return None
-    try:
-        return Controls.from_mapping(rec.controls)
-    except Exception:  # noqa: BLE001 - a trial without usable controls is not predicted
-        return None
+    return rec.controls
 
 
 def predict(predictor: Any, t: np.ndarray, y: np.ndarray, controls: Any) -> Optional[tuple[float, float]]:
@@ -263,7 +257,7 @@ class Analysis:
         text = config_label(rec.config, self.labels_keys)
         # τ is what the tool holds fixed or varies; show it beside the searched keys, from the
         # controls the trial reported (unless τ itself is a searched key).
-        tau = (rec.controls or {}).get("tau")
+        tau = rec.controls.tau if rec.controls is not None else None
         if "tau" not in self.labels_keys and isinstance(tau, (int, float)):
             text = f"{text}, τ={_fmt_value(float(tau))}" if text else f"τ={_fmt_value(float(tau))}"
         return text

@@ -145,7 +145,7 @@ def plot_normalized(
         groups: dict[str, list[TrialRecord]] = {}
         for rec in trials:
             if rec.controls and not is_diverged(rec):
-                groups.setdefault(json.dumps(rec.controls, sort_keys=True, default=str), []).append(rec)
+                groups.setdefault(json.dumps(rec.controls.to_dict(), sort_keys=True), []).append(rec)
         grid = np.linspace(0.01, 1.0, 200)
         for recs in groups.values():
             controls = controls_of(recs[0])
@@ -160,7 +160,7 @@ def plot_normalized(
                     ell = equations.normalized_loss(loss_curve(grid, controls, div), div)
             except Exception:  # noqa: BLE001 - skip controls the predictor cannot draw
                 continue
-            c = recs[0].controls
+            c = controls.to_dict()
             desc = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in c.items() if k in ("tau", "tokens_per_param", "schedule"))
             color = color_of[recs[0].trial_id] if len(recs) == 1 else "black"

@@ -329,7 +329,7 @@ class CollapseScheduler(FIFOScheduler):
         """The margin of rung ``r`` for these trials (:func:`hpo.rules.rung_margin`)."""
         recs = [self._state.trials[t] for t in trial_ids if t in self._state.trials]
         return rules.rung_margin(self._predictor, self._rungs[r], [rec.sweep_values for rec in recs],
-                                 [rec.controls or {} for rec in recs], margin=self._margin, z=self._z)
+                                 [rec.controls for rec in recs if rec.controls is not None], margin=self._margin, z=self._z)
 
     def _entry(self, rec: TrialRecord, r: int) -> RungEntry:
         t, y = zip(*rec.history)
@@ -535,7 +535,7 @@ class CollapseScheduler(FIFOScheduler):
         value_error = getattr(self._predictor, "relative_error", None)
         rec = self._state.trials[best.trial_id]
         try:
-            e_value = value_error(self._rungs[r], Controls.from_mapping(rec.controls or {}))[0] if value_error else None
+            e_value = value_error(self._rungs[r], rec.controls)[0] if value_error and rec.controls else None
         except (KeyError, ValueError, TypeError):
             e_value = None
         self._state.early_answer = json_safe({
@@ -627,7 +627,7 @@ class CollapseScheduler(FIFOScheduler):
             # A trial's controls do not change: read them once per process (and until found).
             merged = {**_flat(rec.config), **result}
             try:
-                rec.controls = Controls.from_mapping(merged).to_dict()
+                rec.controls = Controls.from_mapping(merged)
             except (KeyError, ValueError, TypeError) as exc:
                 self._warn_once(rec.trial_id, "CollapseScheduler: trial %s: no usable controls yet (%s)",
                                 rec.trial_id, exc)

@@ -52,8 +52,9 @@ import math
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
+from predictors.controls import Controls
 from predictors.io import atomic_write_text, finite_or_none, json_safe  # noqa: F401 - finite_or_none re-exported
 
 SCHEMA_VERSION = 2
@@ -203,7 +204,9 @@ class TrialRecord:
         trial_id: the Ray trial id (stable across ``Tuner.restore``).
         order: the order in which the scheduler first saw the trial.
         config: ``trial.config``, JSON-safe.
-        controls: ``predictors.Controls.to_dict()`` from the latest result, or None.
+        controls: the trial's :class:`predictors.Controls` (read once from its results and
+            config), or None until a result carries them; kept typed in memory and written as
+            ``Controls.to_dict()`` in the state file.
         history: ``[[t̂, loss], ...]`` of finite results, t̂ non-decreasing.
         status: one of :data:`TRIAL_STATUSES`.
         stopped_at: the rung fraction at which the scheduler stopped the trial.
@@ -225,7 +228,7 @@ class TrialRecord:
     trial_id: str
     order: int = 0
     config: dict[str, Any] = field(default_factory=dict)
-    controls: Optional[dict[str, Any]] = None
+    controls: Optional[Controls] = None
     history: list[list[float]] = field(default_factory=list)
     status: str = "pending"
     stopped_at: Optional[float] = None
@@ -238,6 +241,15 @@ class TrialRecord:
     latest_prediction: Optional[dict[str, Any]] = None
     sweep_values: dict[str, Any] = field(default_factory=dict)
     redone: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.controls, Mapping):  # as written in the state file
+            try:
+                self.controls = Controls.from_mapping(self.controls)
+            except (KeyError, ValueError, TypeError):
+                # e.g. τ = ∞ (no weight decay), which strict JSON writes as null: the scheduler
+                # reads the controls again from the trial's next result.
+                self.controls = None
 
     def add_point(self, t: float, value: float, eps: float = 1e-9) -> bool:
         """Append (t̂, loss) to the history; a repeated t̂ replaces the last point, an earlier one
@@ -257,8 +269,10 @@ class TrialRecord:
     def to_dict(self, with_history: bool = True) -> dict[str, Any]:
         # Field by field (not dataclasses.asdict, which deep-copies the whole curve even when
         # the snapshot leaves it out).
-        return json_safe({f.name: getattr(self, f.name) for f in fields(self)
-                          if with_history or f.name != "history"})
+        out = {f.name: getattr(self, f.name) for f in fields(self) if with_history or f.name != "history"}
+        if self.controls is not None:
+            out["controls"] = self.controls.to_dict()
+        return json_safe(out)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrialRecord":

@@ -85,7 +85,6 @@ def make_state(directory: Path, mode: str = "audit", decided: bool = True, with_
         trials[tid] = rec
     rungs = []
     stub = StubPredictor()
-    from predictors import Controls
 
     for i, r in enumerate(RUNGS if with_rungs else ()):
         entries = {}
@@ -94,7 +93,7 @@ def make_state(directory: Path, mode: str = "audit", decided: bool = True, with_
                 continue
             t, loss = value_at(tid, r)
             h = np.asarray([p for p in rec.history if p[0] <= t + 1e-12])
-            pred = stub.predict_final(h[:, 0], h[:, 1], Controls.from_mapping(rec.controls))
+            pred = stub.predict_final(h[:, 0], h[:, 1], rec.controls)
             entries[tid] = RungEntry(trial_id=tid, train_fraction=t, smoothed_loss=loss,
                                      n_points=len(h), predicted_final_loss=pred.final_loss,
                                      uncertainty=pred.uncertainty,

@@ -898,7 +898,7 @@ def test_controls_from_config_and_no_pause_at_the_end():
         ctl.start(t)
     plain = {k: v for k, v in make_result(1.0, 0.5, 0.05).items() if k not in ("tau", "tokens_per_param")}
     s.on_trial_result(ctl, a, plain)
-    assert s.state.trials["a"].controls["tau"] == 0.5
+    assert s.state.trials["a"].controls.tau == 0.5
     assert s.on_trial_result(ctl, b, make_result(1.2, 0.5, 1.0)) == CONTINUE  # at t̂ = 1: no PAUSE
 
 

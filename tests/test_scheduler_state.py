@@ -107,3 +107,25 @@ def test_history_log_replays_curves_rewinds_and_a_torn_line(tmp_path):
     back = SchedulerState.load(path)
     assert back.trials["a"].history == [[0.1, 3.0], [0.2, 2.4], [0.25, 2.3]]
     assert back.trials["b"].history == [[0.1, 2.9]] and back.experiment_id == "x"
+
+
+def test_controls_stay_typed_in_memory_and_round_trip_through_the_state_file(tmp_path):
+    # A record holds predictors.Controls (not a dict re-parsed at every rung); the state file
+    # holds Controls.to_dict() and load() gives the same Controls back. A τ = ∞ trial (no weight
+    # decay), which strict JSON writes as null, loads without controls: the scheduler re-reads
+    # them from the trial's next result rather than failing the restore.
+    import math
+
+    from hpo.scheduler_state import SchedulerState, TrialRecord
+    from predictors import Controls
+    from predictors.schedules import Schedule
+
+    ctrl = Controls(0.4, 20.0, Schedule("cosine", 0.05, 0.2), n_params=1.5e5)
+    path = tmp_path / "scheduler_state.json"
+    SchedulerState(trials={"a": TrialRecord("a", controls=ctrl),
+                           "b": TrialRecord("b", controls=Controls(math.inf, 20.0))}).save(path)
+    written = json.loads(path.read_text())["trials"]
+    assert written["a"]["controls"] == ctrl.to_dict() and written["b"]["controls"]["tau"] is None
+    back = SchedulerState.load(path)
+    assert isinstance(back.trials["a"].controls, Controls) and back.trials["a"].controls == ctrl
+    assert back.trials["b"].controls is None
