@@ -53,7 +53,8 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo import rules
-from hpo.scheduler_state import HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord, history_path, utc_now
+from hpo.scheduler_state import (HALTED_STATUSES, HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord,
+                                 history_path, utc_now)
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS
 from predictors.io import finite_or_none, json_safe
@@ -424,7 +425,7 @@ class CollapseScheduler(FIFOScheduler):
         participants: list[RungEntry] = []
         for e in (e for e in rung.entries.values() if e.decision == "pending"):
             rec = self._state.trials[e.trial_id]
-            if self._decision_mode != "audit" and rec.status in (*_OUT, "error"):
+            if self._decision_mode != "audit" and rec.status in HALTED_STATUSES:
                 e.decision, e.reason = "removed", f"trial {rec.status} before the rung was decided"
                 e.decided_at, e.compute_fraction = now, compute
             else:

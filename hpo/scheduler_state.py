@@ -63,6 +63,8 @@ SCHEMA_VERSION = 2
 TRIAL_STATUSES = ("pending", "running", "paused", "completed", "stopped", "diverged", "error")
 #: Statuses after which a trial takes no further part in any rung.
 TERMINAL_STATUSES = frozenset({"completed", "stopped", "diverged", "error"})
+#: Terminal statuses of a trial that left the sweep without finishing.
+HALTED_STATUSES = frozenset({"stopped", "diverged", "error"})
 #: Decisions in the rung log. ``pending``: reached an undecided rung; ``continue``: kept at an
 #: intermediate rung; ``keep``: kept at the last rung; ``stop``: stopped; ``would_*``: audit
 #: mode; ``completed``: finished before the rung was decided, nothing left to stop;
@@ -344,7 +346,7 @@ class SchedulerState:
 
     def eliminated(self, rec: TrialRecord) -> bool:
         """Out of the rung competition: stopped, diverged, errored or (audit) would have been stopped."""
-        return rec.status in ("stopped", "diverged", "error") or (
+        return rec.status in HALTED_STATUSES or (
             self.settings.get("decision_mode") == "audit" and rec.would_stop_at is not None)
 
     def verdict(self, trial_id: str) -> str:
@@ -389,7 +391,7 @@ class SchedulerState:
             lp = best.latest_prediction or {}
             predicted_best = {"trial_id": best.trial_id, "predicted_final_loss": lp["final_loss"],
                               "uncertainty": lp["uncertainty"], "rung": lp["rung"]}
-        alive = [rec for rec in recs if rec.history and rec.status not in ("stopped", "diverged", "error")]
+        alive = [rec for rec in recs if rec.history and rec.status not in HALTED_STATUSES]
         current = min(alive, key=lambda rec: (rec.history[-1][1], rec.order)) if alive else None
         return json_safe({
             "decision_mode": self.settings.get("decision_mode"), "metric": self.settings.get("metric"),
