@@ -11,8 +11,12 @@ Long format, one row per logged point (the columns are documented in ``configs/c
 * per-run columns (constant within a run): ``tokens_per_param``, ``n_params``, ``schedule``,
   and either ``tau`` or all of ``eta`` (alias ``lr``), ``batch_size`` and ``weight_decay``
   (τ = B/(η·λ·D), paper Eq. 2). Optional: ``total_tokens`` (D; default TPP·N),
-  ``warmup_fraction`` (0.1), ``decay_fraction`` (0.2), ``seed``, ``corpus``, ``corpus_hash``,
+  ``warmup_fraction`` (0.1, with a note when assumed; 0 for no warmup), ``decay_fraction``
+  (0.2), ``seed``, ``corpus``, ``corpus_hash``,
   ``d_model``, ``run_name``.
+
+``weight_decay`` 0 (or ``tau`` ``inf``) is a run without weight decay (τ = ∞). Exact duplicate
+rows are dropped with a note; two different rows at one run and position are an error.
 
 A run with a non-finite loss is treated as diverged and left out with a note; so is a run that
 does not reach the end of training (t̂ ≥ 0.99) or has fewer than 5 points. Everything else that
@@ -95,7 +99,8 @@ def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0) -> Im
         >>> import tempfile
         >>> import pandas as pd
         >>> rows = [{"run_id": run, "train_fraction": k / 10, "loss": 3.0 - 0.1 * k, "tau": 0.3,
-        ...          "tokens_per_param": 20, "n_params": 100_000, "schedule": "linear"}
+        ...          "tokens_per_param": 20, "n_params": 100_000, "schedule": "linear",
+        ...          "warmup_fraction": 0.1}
         ...         for run, last in (("full", 10), ("stopped", 5)) for k in range(1, last + 1)]
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     path = Path(tmp) / "curves.csv"
@@ -137,7 +142,26 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
         raise CurveImportError(f"{source}: column 'run_id' is empty in {blank} row(s) "
                                f"(first at row {int(frame['run_id'].isna().to_numpy().argmax())}); every point needs its run")
     position = next(p for p in POSITIONS if p in frame)
-    curves, notes = [], []
+    notes = []
+    # Exact copies of a row (a log appended twice, stale copies of a run) carry no information:
+    # drop them and say so. Rows that share a run and position but differ stay an error below.
+    copies = frame.duplicated(keep="first")
+    if copies.any():
+        per_run = frame.loc[copies, "run_id"].astype(str).value_counts().sort_index()
+        notes.append(f"dropped {int(copies.sum())} exact duplicate row(s): "
+                     + ", ".join(f"run {run} ({count})" for run, count in per_run.items()))
+        frame = frame.loc[~copies]
+    # Without a warmup the import assumes our trainer's 10%; the warmup shifts the early shape
+    # the prediction aligns to, so an assumed value is said, never silent.
+    has_warmup = (frame.groupby("run_id", sort=True)["warmup_fraction"].apply(lambda v: v.notna().any())
+                  if "warmup_fraction" in frame else None)
+    assumed = (sorted(map(str, frame["run_id"].unique())) if has_warmup is None
+               else [str(r) for r, given in has_warmup.items() if not given])
+    if assumed:
+        which = "every run" if len(assumed) == frame["run_id"].nunique() else "runs " + ", ".join(assumed[:5]) + (
+            f" and {len(assumed) - 5} more" if len(assumed) > 5 else "")
+        notes.append(f"warmup_fraction not given for {which}: 10% assumed (give the column, 0 for no warmup)")
+    curves = []
     for run_id, rows in frame.groupby("run_id", sort=True):
         curve, note = _run_curve(str(run_id), rows, position, source, smoothing_fraction)
         if curve is None:
@@ -166,6 +190,10 @@ def _check_columns(frame: pd.DataFrame, source: str) -> None:
         raise CurveImportError(f"{source}: missing column(s) {'; '.join(missing)}; see {DOCS}")
 
 
+#: Per-run columns where 0 is a meaningful value: no warmup, no decay phase, no weight decay.
+ZERO_ALLOWED = ("warmup_fraction", "decay_fraction", "weight_decay")
+
+
 def _run_value(rows: pd.DataFrame, column: str, run_id: str, source: str, numeric: bool = True) -> Any:
     values = rows[column].dropna().unique()
     if len(values) == 0:
@@ -180,8 +208,14 @@ def _run_value(rows: pd.DataFrame, column: str, run_id: str, source: str, numeri
         number = float(value)
     except (TypeError, ValueError):
         raise CurveImportError(f"{source}: run {run_id}: column '{column}' is not a number ({value!r})") from None
-    if not math.isfinite(number) or number <= 0:
-        raise CurveImportError(f"{source}: run {run_id}: column '{column}' must be a finite number > 0, got {value!r}")
+    if column in ZERO_ALLOWED:
+        if not math.isfinite(number) or number < 0:
+            raise CurveImportError(f"{source}: run {run_id}: column '{column}' must be a finite number >= 0, got {value!r}")
+    elif column == "tau" and number == math.inf:
+        return number  # τ = ∞: a run without weight decay (λ = 0)
+    elif not math.isfinite(number) or number <= 0:
+        raise CurveImportError(f"{source}: run {run_id}: column '{column}' must be a finite number > 0"
+                               + (" (or inf for no weight decay)" if column == "tau" else "") + f", got {value!r}")
     return number
 
 
@@ -213,7 +247,8 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
         tau = _run_value(rows, "tau", run_id, source)
     elif all(c in rows for c in TAU_PARTS):
         eta, batch, decay = (_run_value(rows, c, run_id, source) for c in TAU_PARTS)
-        tau = adamw_timescale(batch, eta, decay, total)
+        # λ = 0 (plain Adam) is the τ = ∞ limit; the predictor fixes the τ term for it.
+        tau = adamw_timescale(batch, eta, decay, total) if decay > 0 else math.inf
     else:
         raise CurveImportError(f"{source}: run {run_id}: column 'tau' is empty and there is no 'eta' (or 'lr'), "
                                "'batch_size' and 'weight_decay' to derive it from; give one or the other")

@@ -215,3 +215,43 @@ def test_mlflow_steps_resumed_runs_and_derived_tau(mlflow_store):
         np.testing.assert_allclose(curve.t_hat, same.t_hat)
         np.testing.assert_allclose(curve.loss, same.loss)
         assert curve.controls.tau == pytest.approx(same.controls.tau)
+
+
+def test_exact_duplicate_rows_are_dropped_with_a_note_and_conflicting_ones_named():
+    # A public log held thousands of stale copies of its rows: identical copies are dropped and
+    # counted per run; two rows at one position with different losses stay a named error.
+    frame = _frame()
+    first = frame["run_id"].iloc[0]
+    copies = frame[frame["run_id"] == first].head(7)
+    imported = _load(pd.concat([frame, copies, copies], ignore_index=True))
+    clean = _load(frame)
+    assert [np.array_equal(a.loss, b.loss) for a, b in zip(imported.curves, clean.curves)] == [True] * len(clean.curves)
+    assert any(f"dropped 14 exact duplicate row(s): run {first} (14)" in n for n in imported.notes)
+    conflict = copies.head(1).assign(loss=copies["loss"].iloc[0] + 0.5)
+    with pytest.raises(CurveImportError, match=f"run {first}: duplicate positions"):
+        _load(pd.concat([frame, conflict], ignore_index=True))
+
+
+def test_zero_warmup_is_accepted_and_an_assumed_warmup_is_said():
+    # warmup_fraction = 0 is a schedule without warmup; a file without the column gets our
+    # trainer's 10% with a note rather than silently.
+    frame = _frame()
+    assert not any("warmup_fraction not given" in n for n in _load(frame).notes)
+    zero = _load(frame.assign(warmup_fraction=0.0))
+    assert {c.controls.schedule.warmup_fraction for c in zero.curves} == {0.0}
+    missing = _load(frame.drop(columns="warmup_fraction"))
+    assert {c.controls.schedule.warmup_fraction for c in missing.curves} == {0.1}
+    assert any("warmup_fraction not given for every run: 10% assumed" in n for n in missing.notes)
+    with pytest.raises(CurveImportError, match="'warmup_fraction' must be a finite number >= 0"):
+        _load(frame.assign(warmup_fraction=-0.1))
+
+
+def test_no_weight_decay_is_tau_infinity():
+    # weight_decay = 0 (plain Adam) or tau = inf: the τ = ∞ limit, not an error.
+    frame = _frame()
+    first = frame["run_id"].iloc[0]
+    no_decay = _load(frame.assign(weight_decay=np.where(frame["run_id"] == first, 0.0, frame["weight_decay"])))
+    taus = {c.meta["name"]: c.controls.tau for c in no_decay.curves}
+    assert taus[str(first)] == np.inf and all(np.isfinite(t) for r, t in taus.items() if r != str(first))
+    direct = _load(frame.drop(columns=["eta", "weight_decay"]).assign(tau=np.inf))
+    assert {c.controls.tau for c in direct.curves} == {np.inf}
