@@ -17,7 +17,8 @@ from predictors.normalize import (
     window_tokens_of,
 )
 from predictors.prediction import Prediction
-from predictors.predictor import DecisionError, Predictor
+from predictors.predictor import DecisionError, NParamsMissingWarning, Predictor
+from predictors.schedules import Schedule
 from predictors.surrogate import SurrogateParams, normalized_surrogate
 
 __all__ = [
@@ -29,8 +30,10 @@ __all__ = [
     "DecisionError",
     "FitBounds",
     "FitResult",
+    "NParamsMissingWarning",
     "Prediction",
     "Predictor",
+    "Schedule",
     "SurrogateParams",
     "align_divisor",
     "check_curve",

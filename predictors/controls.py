@@ -62,7 +62,25 @@ class Controls:
 
         Keys: ``tau``, ``tokens_per_param``, ``schedule`` (name, default ``linear``),
         ``warmup_fraction`` (default 0.1), ``decay_fraction`` (default 0.2), ``n_params``
-        (optional; a missing, non-finite or non-positive value is left unknown).
+        (optional; a missing, non-finite or non-positive value is left unknown). Give the
+        run's own warmup: the default 10% is our trainer's, and a wrong warmup shifts the early
+        shape the prediction aligns to. Give ``n_params``: without it a predictor calibrated on
+        sizes assumes a calibrated size and warns (:class:`predictors.NParamsMissingWarning`).
+
+        Example:
+            A row of a curve file or a Ray Tune result (extra keys are ignored; strings from a
+            CSV are numbers):
+
+            >>> from predictors import Controls
+            >>> row = {"tau": "0.3", "tokens_per_param": 20, "schedule": "cosine",
+            ...        "warmup_fraction": 0, "n_params": 100672, "lr": 0.01}
+            >>> c = Controls.from_mapping(row)
+            >>> c.tau, c.schedule.name, c.schedule.warmup_fraction, c.n_params
+            (0.3, 'cosine', 0.0, 100672.0)
+            >>> Controls.from_mapping({"tau": 0.3})
+            Traceback (most recent call last):
+            ...
+            KeyError: 'controls: missing tokens_per_param'
         """
         missing = [k for k in ("tau", "tokens_per_param") if data.get(k) is None]
         if missing:
