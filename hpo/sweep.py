@@ -163,10 +163,41 @@ def preflight_sweep(config: SweepConfig) -> Path:
     _check_creatable(output)
     held = [m for m in SWEEP_MARKERS if (output / m).exists()]
     if held:
-        raise ConfigError(f"output_dir: {output} already holds a sweep ({held[0]}); use `hpo resume {output}` "
-                          "or pick another output_dir")
+        changed = _changed_fields(config, output)
+        if changed:
+            # `hpo resume` continues the sweep as it was configured; it would not apply these.
+            raise ConfigError(
+                f"output_dir: {output} already holds a sweep ({held[0]}) with another config (differs in "
+                f"{', '.join(changed[:6])}{' and more' if len(changed) > 6 else ''}); run this one into a new "
+                f"directory (--output DIR); `hpo resume {output}` would continue the old config unchanged")
+        raise ConfigError(f"output_dir: {output} already holds a sweep ({held[0]}); continue it with "
+                          f"`hpo resume {output}`, or start afresh into another directory (--output DIR)")
     _check_tracking(config)
     return output
+
+
+def _changed_fields(config: SweepConfig, output: Path) -> list[str]:
+    """Dotted names of the config fields that differ from the sweep saved in ``output``
+    (paths that ``sweep.yaml`` stores resolved are left out); [] when they match or the saved
+    config cannot be read."""
+    try:
+        saved = read_yaml(str(output / CONFIG_FILE))
+    except Exception:  # noqa: BLE001 - no readable sweep.yaml: nothing to compare
+        return []
+    if not isinstance(saved, dict):
+        return []
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                out.update(flat(item, f"{prefix}{key}."))
+            return out
+        return {prefix[:-1]: value}
+
+    ignore = {"output_dir", "predictor", "mlflow.tracking_uri"}
+    new, old = flat(config.model_dump(mode="json")), flat(saved)
+    return sorted(k for k in set(new) | set(old) if k not in ignore and new.get(k) != old.get(k))
 
 
 def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:

@@ -140,3 +140,24 @@ def test_a_sweep_where_every_trial_diverged_fails_and_says_so(tmp_path: Path) ->
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert parent.info.status == "FAILED"
     assert sorted(r.data.tags["status"] for r in runs if r is not parent) == ["diverged", "diverged"]
+
+
+def test_an_occupied_output_dir_says_whether_resume_applies(tmp_path: Path) -> None:
+    # The same config again: `hpo resume` continues it. Another config into the same folder:
+    # resume would continue the old config, so the message names what differs and points to
+    # --output instead. Nothing is written either way.
+    from hpo.overrides import ConfigError
+    from hpo.sweep import prepare_output, preflight_sweep
+
+    output = tmp_path / "out"
+    prepare_output(load_sweep_config(data=tiny_sweep(output)))
+    before = sorted(p.name for p in output.iterdir())
+    with pytest.raises(ConfigError, match=r"continue it with `hpo resume .*out`"):
+        preflight_sweep(load_sweep_config(data=tiny_sweep(output)))
+    changed = tiny_sweep(output)
+    changed["search_space"] = {"lr": {"grid": [0.001, 0.01]}}
+    changed["scheduler"]["rungs"] = [0.1, 0.3]
+    with pytest.raises(ConfigError, match=r"with another config \(differs in scheduler.rungs, search_space.lr.grid\)"
+                                          r".*--output DIR"):
+        preflight_sweep(load_sweep_config(data=changed))
+    assert sorted(p.name for p in output.iterdir()) == before
