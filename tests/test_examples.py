@@ -30,3 +30,16 @@ def test_predict_from_csv_predicts_the_held_out_run_within_its_stated_error():
                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert printed.returncode == 0, printed.stderr
     assert f"predicted final loss {out['predicted_final_loss']:.4f}" in printed.stdout
+
+
+def test_own_trainable_example_stops_the_losing_trials_and_prints_why():
+    # The example is a demo of early stopping: with the good learning rates first, async stops
+    # the worse ones at a rung and prints each decision; the best (lr = 0.01) finishes.
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "own_trainable.py")],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    stopped = [line for line in lines if ": STOPPED at t̂ = " in line]
+    assert len(stopped) >= 1 and all("predicted final" in line for line in stopped)
+    assert any(line.startswith("lr=0.01: completed") for line in lines), done.stdout[-2000:]
+    assert any(line.startswith("compute used: ") for line in lines)
