@@ -42,19 +42,24 @@ class EarlyAnswer:
 
 
 def format_early_answer(answer: dict[str, Any]) -> str:
+    """The early answer as printed: short lines (readable at 80 columns), each number with what
+    it means."""
     config = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in (answer.get("config") or {}).items())
     margin = answer.get("margin")
     p_best = answer.get("probability_best")
+    value_error = answer.get("value_error")
     lines = [
         "",
         f"[bold green]Early answer at t̂ = {answer.get('rung')}[/bold green]: predicted best is "
-        f"trial {answer.get('trial_id')} ({config})",
-        *([f"  probability that it is the best of the {answer.get('n_candidates')} trials: {100 * p_best:.0f}% "
-           "(under the calibrated ranking error)"] if p_best is not None else []),
-        f"  predicted final loss {answer.get('predicted_final_loss'):.4f} ± {answer.get('uncertainty'):.4f}"
-        + (f" (its value is uncertain by ~{100 * answer['value_error']:.1f}% at this fraction; the decision rests "
-           "on the order of the trials, which the keep-margin covers)" if answer.get("value_error") else ""),
+        f"trial {answer.get('trial_id')}",
+        f"  config: {config}",
+        *([f"  P(it is the best of the {answer.get('n_candidates')} trials): {100 * p_best:.0f}%",
+           "    (under the calibrated ranking error)"] if p_best is not None else []),
+        f"  predicted final loss {answer.get('predicted_final_loss'):.4f} ± {answer.get('uncertainty'):.4f} (1σ)",
+        "    the predictor is calibrated for the order of the trials (the keep-margin",
+        "    covers it), not for the value"
+        + (f": the value is uncertain by ~{100 * value_error:.1f}% at this fraction" if value_error else ""),
         f"  keep-margin {answer['margin_text']}" if answer.get("margin_text")
         else f"  kept within margin {margin}" if margin not in (None, 0, 0.0) else "  keep-margin 0",
         *([f"  the margin exceeded the spread of the predicted finals: kept all "

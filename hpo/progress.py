@@ -7,6 +7,7 @@ every ``log_interval_s`` seconds instead of redrawing.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any, Optional
 
@@ -48,6 +49,35 @@ def render_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def rung_line(fraction: float, kept: list[str], n_judged: int, predicted_best: Any, current_best: Any) -> str:
+    """The announcement of one rung decision, in lines of at most 80 columns (broken between
+    trial ids, never inside one)."""
+    same = predicted_best == current_best
+    lines = [f"rung t̂={fraction:g} decided: kept {len(kept)} of {n_judged}",
+             f"  predicted best {predicted_best}" + (" (also the current best)" if same
+                                                     else f", current best {current_best}"),
+             textwrap.fill("kept: " + ", ".join(kept), width=80, initial_indent="  ", subsequent_indent="    ",
+                           break_long_words=False, break_on_hyphens=False)]
+    return "\n".join(lines)
+
+
+class RungAnnouncer:
+    """``CollapseScheduler(on_decision=...)``: prints each rung decision the moment it is made,
+    so the line comes before the early answer that follows from it. Picklable (Ray Tune
+    checkpoints the scheduler with it)."""
+
+    def __init__(self) -> None:
+        self.announced: set[float] = set()
+
+    def __call__(self, decision: dict[str, Any]) -> None:
+        fraction = float(decision["fraction"])
+        self.announced.add(fraction)
+        kept = [str(t) for t in decision.get("kept") or []]
+        judged = len(kept) + len(decision.get("stopped") or [])
+        Console(soft_wrap=True).print(rung_line(fraction, kept, judged, decision.get("predicted_best"),
+                                                decision.get("current_best")), highlight=False)
+
+
 class SlotUse(tune.Callback):
     """How busy the sweep kept its trial slots: the training seconds its trials reported
     (``time_this_iter_s``, summed over every result of this driver) against wall time × slots.
@@ -74,9 +104,13 @@ class SlotUse(tune.Callback):
 class SweepProgress(tune.Callback):
     """Tune callback that shows the scheduler's view of the sweep while it runs."""
 
-    def __init__(self, scheduler: Any, log_interval_s: float = 30.0) -> None:
+    def __init__(self, scheduler: Any, log_interval_s: float = 30.0,
+                 announcer: Optional[RungAnnouncer] = None) -> None:
         self.scheduler = scheduler
         self.log_interval_s = log_interval_s
+        # Rungs the scheduler's on_decision callback already printed (sync/audit, as decided);
+        # this callback prints the others (async rungs, rungs decided before a resume).
+        self.announcer = announcer
         self._live: Optional[Live] = None
         self._console: Optional[Console] = None
         self._last_draw = 0.0
@@ -102,12 +136,12 @@ class SweepProgress(tune.Callback):
         now = time.time()
         summary = self.scheduler.summary()
         for rung in summary.get("rung_status", []):
-            if rung["decided"] and rung["fraction"] not in self._announced:
+            announced = self._announced | (self.announcer.announced if self.announcer else set())
+            if rung["decided"] and rung["fraction"] not in announced:
                 self._announced.add(rung["fraction"])
-                line = (f"rung t̂={rung['fraction']:g} decided: kept {len(rung['survivors'])} of "
-                        f"{rung['n_participants']} ({', '.join(rung['survivors'])}); predicted best "
-                        f"{rung['predicted_best']}, current best {rung['current_best']}")
-                (self._live.console if self._live else console).print(line)
+                line = rung_line(rung["fraction"], list(rung["survivors"]), rung["n_participants"],
+                                 rung["predicted_best"], rung["current_best"])
+                (self._live.console if self._live else console).print(line, soft_wrap=True, highlight=False)
         if self._live is not None:
             if force or now - self._last_draw > 0.5:
                 self._live.update(render_table(summary))

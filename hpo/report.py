@@ -215,12 +215,21 @@ def print_report(report: Report, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rich import box
+
     console = console or Console()
-    table = Table(title="Sweep report: picks by rung", show_lines=False)
+    # A light box and a config column never narrower than its longest "key=value," piece: at
+    # 80 columns (any log or CI) rich then wraps configs between pieces, never inside one.
+    table = Table(title="Sweep report: picks by rung", show_lines=False, box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    pieces = [piece for r in report.rows for piece in (r["config"] or "—").split(" ")]
+    config_width = max((len(piece) for piece in pieces), default=6)
     for col, kw in (("rung", {"justify": "right", "no_wrap": True}), ("rule", {"no_wrap": True}),
-                    ("pick", {"no_wrap": True}), ("config", {"overflow": "fold", "ratio": 1}),
-                    ("pred. final", {"justify": "right"}), ("final of pick", {"justify": "right"}),
-                    ("regret", {"justify": "right"})):
+                    ("pick", {"no_wrap": True}),
+                    ("config", {"overflow": "fold", "ratio": 1, "min_width": config_width}),
+                    ("pred. final", {"justify": "right", "max_width": 8}),
+                    ("final of pick", {"justify": "right", "max_width": 8}),
+                    ("regret", {"justify": "right", "min_width": 6})):
         table.add_column(col, **kw)
     for r in report.rows:
         regret = _fmt(r["regret"]) if r["regret"] is not None else "n/a"
@@ -231,6 +240,9 @@ def print_report(report: Report, console: Any = None) -> None:
         console.print(table)
         if any(r["rung_status"] != "decided" for r in report.rows):
             console.print("* rung not decided yet: provisional picks from the trials that reached it")
+        console.print("pred. final: the pick's predicted final loss (±1σ calibrated error in report.md); it is "
+                      "calibrated for ranking the trials of this sweep, and as an absolute value it can be "
+                      "off by more than ±1σ away from the calibrated scale", soft_wrap=False, highlight=False)
     else:
         console.print("[yellow]No rungs in the scheduler state.[/yellow]")
     console.print("regret: " + ("true regret (every trial's final loss known)" if report.regret_is_true

@@ -99,7 +99,7 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
 
 
 def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predictor: Any,
-                    resume: bool = False) -> Any:
+                    resume: bool = False, on_decision: Any = None) -> Any:
     """The sweep's CollapseScheduler on ``predictor`` (the sweep's copy, loaded once by
     ``_execute`` and shared with the report); ``resume`` continues the decisions saved in
     ``output`` (a sweep killed before its first state write has none yet, and starts afresh)."""
@@ -116,6 +116,7 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
         decision_mode=config.scheduler.mode,
         state_path=output / STATE_FILE,
         on_early_answer=early_answer,
+        on_decision=on_decision,
         resume=resume and (output / STATE_FILE).exists(),
     )
 
@@ -300,7 +301,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
 
     from hpo.early_answer import EarlyAnswer
     from predictors import Predictor
-    from hpo.progress import SlotUse, SweepProgress
+    from hpo.progress import RungAnnouncer, SlotUse, SweepProgress
     from hpo.report import write_report
     from hpo.tracking import MlflowSweepCallback, SweepTracker
     from hpo.trainable import short_trial_dirname
@@ -325,10 +326,11 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         # The predictor is read once here, from the sweep's own copy, for the scheduler and the
         # report (preflight only checked that the user's file loads, before anything was written).
         predictor = Predictor.load(output / PREDICTOR_FILE)
-        scheduler = build_scheduler(config, output, early, predictor, resume=restore)
+        announcer = RungAnnouncer()  # each rung's line is printed as decided, before its early answer
+        scheduler = build_scheduler(config, output, early, predictor, resume=restore, on_decision=announcer)
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
-        progress = SweepProgress(scheduler)
+        progress = SweepProgress(scheduler, announcer=announcer)
         slot_use = SlotUse(_trial_slots(config))
         mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
         # In sync mode, paused trials count as live for max_concurrent_trials, which would

@@ -21,7 +21,7 @@ def test_early_answer_states_the_margin_and_compute(tmp_path: Path) -> None:
     # file holds the whole answer.
     text = format_early_answer(ANSWER)
     assert "lr=0.005" in text and "keep-margin 2.49%" in text and "18.7%" in text
-    assert "probability that it is the best of the 6 trials: 73%" in text
+    assert "P(it is the best of the 6 trials): 73%" in text
     assert "kept all" not in text
     EarlyAnswer(tmp_path)(ANSWER)
     assert json.loads((tmp_path / "predicted_best.json").read_text())["margin_text"].startswith("2.49%")
@@ -31,3 +31,20 @@ def test_early_answer_says_when_everyone_was_kept() -> None:
     # A rung whose calibrated error exceeded the spread of predictions says it kept everyone.
     text = format_early_answer({**ANSWER, "kept_all": True, "kept": ["a", "b", "c"]})
     assert "kept all 3 trials" in text
+
+
+def test_early_answer_reads_at_80_columns() -> None:
+    # In a log or CI (80 columns, no TTY) every line of the answer fits: rich never has to
+    # break a phrase, and the value is labelled as calibrated for ranking, not as a value.
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False).print(
+        format_early_answer({**ANSWER, "margin_text": "1.0% (0.25 × the ranking error 4.1%, η sweep)",
+                             "value_error": 0.0224}))
+    lines = out.getvalue().splitlines()
+    assert lines and max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    assert "calibrated for the order of the trials" in text and "~2.2%" in text

@@ -252,3 +252,26 @@ def test_print_report_and_cli(tmp_path, capsys):
 
     assert main(["report", str(tmp_path)]) == 0
     assert math.isfinite(pd.read_csv(tmp_path / "report" / "report.csv")["predicted_final_loss"].iloc[0])
+
+
+def test_terminal_report_reads_at_80_columns(tmp_path):
+    # A log or CI terminal is 80 columns: the picks table fits, and no "key=value" piece of a
+    # config is broken across lines (it wraps between pieces).
+    import io
+
+    from rich.console import Console
+
+    make_state(tmp_path)
+    report = write_report(tmp_path, predictor=StubPredictor(), plots=False)
+    for row in report.rows:
+        row["config"] = "lr=0.0025, weight_decay=0.3, batch_size=4096, τ=0.3"
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=80, force_terminal=False))
+    lines = out.getvalue().splitlines()
+    # (file paths are printed whole, never broken, so they are left out of the width check)
+    assert max(len(line) for line in lines if not line.startswith("  ")) <= 80
+    table = "\n".join(lines)
+    assert " regret" in table and "0.1000" in table  # the last column is not cropped
+    for piece in ("lr=0.0025,", "weight_decay=0.3,", "batch_size=4096,", "τ=0.3"):
+        assert piece in table
+    assert "calibrated for ranking the trials of this sweep" in table

@@ -1,0 +1,31 @@
+"""Live progress (hpo/progress.py): rung decisions announced as made, readable at 80 columns."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from hpo.progress import RungAnnouncer, rung_line
+
+
+def test_rung_line_fits_80_columns_and_names_both_bests():
+    line = rung_line(0.3, ["f550f_00001", "f550f_00002"], 6, "f550f_00001", "f550f_00002")
+    assert all(len(part) <= 80 for part in line.splitlines())
+    assert "kept 2 of 6\n  predicted best f550f_00001, current best f550f_00002" in line
+    many = rung_line(0.1, [f"f550f_{i:05d}" for i in range(40)], 80, "f550f_00001", "f550f_00001")
+    assert all(len(part) <= 80 for part in many.splitlines()) and many.count("f550f_") == 41
+    same = rung_line(0.3, ["a"], 2, "a", "a")
+    assert "predicted best a (also the current best)" in same
+
+
+def test_announcer_prints_the_decision_when_called(capsys):
+    # CollapseScheduler calls it at the decision, before the early answer is emitted, so the
+    # rung line precedes the answer that depends on it; it remembers what it printed so the
+    # progress callback does not print the rung again.
+    announcer = RungAnnouncer()
+    announcer({"fraction": 0.2, "kept": ["a", "b"], "stopped": ["c", "d"], "predicted_best": "a",
+               "current_best": "b"})
+    printed = capsys.readouterr().out
+    assert "rung t̂=0.2 decided: kept 2 of 4\n  predicted best a, current best b" in printed
+    assert announcer.announced == {0.2}
