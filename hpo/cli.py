@@ -165,6 +165,10 @@ def _check_calibration_name(config: str, overrides: tuple[str, ...]) -> None:
 def _print_outcome(outcome: dict) -> None:
     from hpo.report import print_report
 
+    if outcome.get("interrupted"):
+        # Said before the report, which would otherwise read like a finished sweep's.
+        print(f"sweep INTERRUPTED: the report below is partial (trials still running were saved); "
+              f"continue with `hpo resume {outcome['output']}`", flush=True)
     print_report(outcome["report"])
     for trial in outcome.get("diverged", []):
         config = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"

@@ -303,6 +303,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from predictors import Predictor
     from hpo.progress import RungAnnouncer, SlotUse, SweepProgress
     from hpo.report import write_report
+    from hpo.scheduler_state import TERMINAL_STATUSES
     from hpo.tracking import MlflowSweepCallback, SweepTracker
     from hpo.trainable import short_trial_dirname
 
@@ -353,9 +354,12 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
                                         errored=ResumeConfig.ResumeType.RESUME) if restore else None),
         )
         errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
-        interrupted = any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
         report = write_report(output, predictor=predictor)
         state = _state(output)
+        # Ctrl-C: Ray Tune saves and ends the run, and may mark the unfinished trials TERMINATED;
+        # a trial the scheduler has neither finished, stopped nor seen fail tells it apart.
+        interrupted = (any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+                       or any(t.get("status") not in TERMINAL_STATUSES for t in state.get("trials", {}).values()))
         for trial_id, trial in state.get("trials", {}).items():
             try:
                 tracker.close_child(trial_id, verdict_from_state(trial),

@@ -184,3 +184,41 @@ def test_calibrate_from_curves_and_fit_only_never_import_ray_or_torch(tmp_path: 
     assert "codes [0, 0]" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     assert "heavy []" in done.stdout
     assert (tmp_path / "curves.json").exists() and (tmp_path / "bank.json").exists()
+
+
+def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
+    # Ctrl-C (SIGINT) during a real sweep: the driver stops Ray Tune, prints that the sweep was
+    # interrupted before the partial report, gives the `hpo resume` command, and exits 130.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from sweep_fixtures import tiny_sweep
+
+    repo = Path(__file__).resolve().parents[1]
+    output = tmp_path / "out"
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(yaml.safe_dump(tiny_sweep(output)))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    driver = subprocess.Popen([sys.executable, "-m", "hpo.cli", "sweep", str(config_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (output / "scheduler_state.history.jsonl").exists():
+            assert driver.poll() is None, "sweep ended before any trial reported"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        out, err = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == 130, (out[-2000:], err[-2000:])
+    assert "sweep INTERRUPTED: the report below is partial" in out
+    assert out.index("sweep INTERRUPTED") < out.index("Sweep report")
+    assert f"hpo resume {output}" in out and f"hpo resume {output}" in err
