@@ -13,6 +13,8 @@ the predictor it writes predicts every held-out run:
 * ``reference curves, size-term trend``: the paper's §5 steps 2–3 (the calibrated normalised
   curve of matching controls, interpolated in log N), continued beyond the largest calibrated
   size along the size term (``predictors.references``);
+* ``chosen``: ``size_method: choose``, the default: the calibration picks one of the above by
+  leave-one-size-out on the smaller widths (what a user of ``hpo calibrate`` gets);
 * ``nearest width``: reference curves held at the largest calibrated width (the naive rule:
   use the biggest model you calibrated on as the shape);
 * ``oracle``: b and q free for each held-out curve (same m): the best the surrogate's shape
@@ -63,6 +65,7 @@ METHODS = (
     ("surrogate (no size term)", "surrogate"),
     ("size term", "size term"),
     ("reference curves, size-term trend", "reference curves, size-term trend"),
+    ("chosen by leave-one-size-out (what hpo calibrate ships)", "choose"),
     ("nearest width (reference curves, held)", "reference curves"),
 )
 SURROGATE_BASED = {"surrogate", "size term"}
@@ -129,7 +132,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             mae = float(np.mean(scores.curve_mae))
             oracle_mae = float(np.mean(scores.oracle_curve_mae))
             ratio = mae / oracle_mae if oracle_mae > 0 else math.inf
-        scored.update(mae=mae, ratio=ratio, size_method=predictor.size_method)
+        scored.update(mae=mae, ratio=ratio, size_method=predictor.size_method,
+                      per_size={n: score_method(predictor, [c for c in held if curve_size(c) == n])
+                                for n in held_sizes})
         results[label] = scored
         print(f"  {label}: done [{time.monotonic() - started:.0f} s]", flush=True)
 
@@ -137,9 +142,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return "n/a" if not math.isfinite(v) else f"{100 * v:.2f}%"
 
     naive = results[METHODS[-1][0]]["mean_abs"]
+    method_of = dict(METHODS)
     for label, _ in METHODS:
         r = results[label]
         beats = all(r["mean_abs"][s] <= naive[s] + 1e-12 for s in FRACTIONS)
+        if method_of[label] == "choose":
+            label = f"{label}: {r['size_method']}"
         rows.append([label, pct(r["mae"]), "n/a" if not math.isfinite(r["ratio"]) else f"{r['ratio']:.2f}×",
                      " / ".join(pct(r["mean_abs"][s]) for s in FRACTIONS),
                      " / ".join(f"{100 * r['bias'][s]:+.2f}%" for s in FRACTIONS),
@@ -149,6 +157,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fr = " / ".join(f"{s:g}" for s in FRACTIONS)
     table = markdown_table(["method", "curve MAE", "× oracle (target ≤ 1.5×)", f"mean |err| of final, s = {fr}",
                             f"bias, s = {fr}", f"±2σ coverage, s = {fr}", "≤ nearest width at every s"], rows)
+    size_rows = []
+    for label, _ in METHODS:
+        for n in held_sizes:
+            r = results[label]["per_size"][n]
+            size_rows.append([label if n == held_sizes[0] else "", f"{n:,.0f} ({n / max(s for s in sizes if s not in held_sizes):.1f}×)",
+                              " / ".join(pct(r["mean_abs"][s]) for s in FRACTIONS),
+                              " / ".join(pct(r["coverage"][s]) for s in FRACTIONS)])
+    per_size_table = markdown_table(["method", "held-out N (× largest calibrated)", f"mean |err| of final, s = {fr}",
+                                     f"±2σ coverage, s = {fr}"], size_rows)
     widths = sorted({(int(c.meta.get('d_model', 0)), curve_size(c)) for c in curves})
     planned = sorted({int(r.get("model", {}).get("d_model", 0)) for r in config.runs()})
     missing = [d for d in planned if d not in {w for w, _ in widths}]
@@ -163,7 +180,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"N = {', '.join(f'{s:,.0f}' for s in held_sizes)} ({len(held)} runs), up to {beyond:.1f}× beyond the largest "
         "calibrated size. Errors are (predicted − true) / true final loss from the first s of each run; coverage is "
         "the share of true finals inside the stated ±2σ.", "",
-        table, ""])
+        table, "",
+        "Per held-out width (each row: that width's runs only; the distance-aware error states a larger ±2σ for "
+        "the farther width):", "",
+        per_size_table, ""])
     atomic_write_text(args.md, text)
     print(table)
     print(f"wrote {args.md} ({time.monotonic() - started:.0f} s)")
