@@ -5,8 +5,10 @@ so drawing is safe in a headless process and inside Ray's driver). They draw wha
 * :func:`plot_curves`     raw smoothed loss vs t̂ for every trial, rungs as vertical lines;
 * :func:`plot_normalized` each curve divided by its final loss (or latest predicted final),
   with ℓ̂ per distinct controls dashed;
-* :func:`plot_regret`     regret vs stop fraction for predicted-best and current-best, or a
-  figure that says why it cannot be drawn.
+* :func:`plot_regret`     regret vs stop fraction for predicted-best and current-best (audit
+  mode, or every trial finished);
+* :func:`plot_rung_predictions` what is known without audit: each trial's predicted final
+  ±1σ at each rung, and whether it was kept or stopped there.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ def _legend(ax: Any, n: int) -> None:
     handles, _ = ax.get_legend_handles_labels()
     if not handles:
         return
-    if n > 12:
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    else:
-        ax.legend(fontsize=7, loc="upper right")
+    # Inside the axes always (a legend beside them took ~40% of the width); many entries go in
+    # two or three columns of small type.
+    ax.legend(fontsize=7 if n <= 12 else 6, loc="upper right", ncol=1 if n <= 12 else (2 if n <= 24 else 3),
+              framealpha=0.85)
 
 
 def _robust_ylim(ax: Any, values: list[np.ndarray], low_pad: float = 0.02, q: float = 0.98) -> None:
@@ -135,8 +137,10 @@ def plot_normalized(
         label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
         label += " (÷ final)" if kind == "final" else " (÷ predicted final)"
         ell = equations.normalized_loss(y, div)
-        ax.plot(t, ell, color=color_of[rec.trial_id], lw=1.3 if kind == "final" else 0.9,
-                alpha=1.0 if kind == "final" else 0.8, label=label)
+        # Finished trials solid; stopped or running ones (÷ their predicted final) dotted, so
+        # the two can be told apart at any line width.
+        ax.plot(t, ell, color=color_of[rec.trial_id], lw=1.3 if kind == "final" else 1.1,
+                ls="-" if kind == "final" else ":", label=label)
         ys.append(ell[t >= 0.05] if np.any(t >= 0.05) else ell)
         drawn += 1
 
@@ -170,7 +174,7 @@ def plot_normalized(
     ax.set_xlim(0.0, 1.0)
     ax.set_xlabel("training fraction t̂")
     ax.set_ylabel("L(t̂) / L(T)")
-    title = "Normalized curves (solid: ÷ final loss; thin: ÷ latest predicted final)"
+    title = "Normalized curves (solid: finished, ÷ final loss; dotted: stopped or running, ÷ latest predicted final)"
     if predictor is None:
         title += "\nno predictor: ℓ̂ not drawn"
     ax.set_title(title, fontsize=10)
@@ -197,13 +201,28 @@ def plot_regret(curve: Sequence[dict[str, Any]], rung_rows: Sequence[dict[str, A
         if not pts:
             continue
         s, reg = zip(*pts)
-        ax.plot(s, reg, color=style["color"], marker=style["marker"], ms=4, lw=1.4, label=style["label"])
+        ax.plot(s, reg, color=style["color"], marker=style["marker"], ms=4, lw=1.4,
+                label=f"{style['label']}: every trial re-ranked on its history cut at s")
         rung_pts = [(r["rung_fraction"], r["regret"]) for r in rung_rows
                     if r["rule"] == rule and r.get("regret") is not None]
         if rung_pts:
             rs, rr = zip(*rung_pts)
             ax.scatter(rs, rr, s=90, facecolors="none", edgecolors=style["color"], lw=1.6,
-                       label=f"{style['label']} at rungs (decision log)")
+                       label=f"{style['label']}: the live decision at the rung (it ranked only the "
+                             "trials still running there)")
+    # One far point (a very early s) must not squash the range the decisions live in: clip the
+    # axis above the bulk and mark what lies beyond it.
+    values = np.array([r["regret"] for r in curve if r["regret"] is not None], dtype=float)
+    if values.size >= 3:
+        bulk = float(np.quantile(values, 0.8))
+        top = max(3.0 * bulk, 0.01)
+        if float(values.max()) > 1.5 * top:
+            ax.set_ylim(min(-0.05 * top, float(values.min())), top)
+            for r in curve:
+                if r["regret"] is not None and r["regret"] > top:
+                    ax.annotate(f"↑ {r['regret']:.3g}", (r["stop_fraction"], top), xytext=(0, -12),
+                                textcoords="offset points", ha="center", fontsize=8,
+                                color=RULE_STYLE[r["rule"]]["color"])
     ax.axhline(0.0, color="0.4", lw=0.8)
     ax.set_xlim(0.0, 1.0)
     ax.set_xlabel("stop fraction s (histories truncated at s)")
@@ -213,5 +232,56 @@ def plot_regret(curve: Sequence[dict[str, Any]], rung_rows: Sequence[dict[str, A
         title += f"\n{reason}"
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center")
+    return _save(fig, path)
+
+
+def plot_rung_predictions(rungs: Sequence[Any], labels: dict[str, str], finals: dict[str, float], path: Path,
+                          reason: Optional[str] = None) -> Path:
+    """Each trial's predicted final loss ±1σ at each rung (the decision log), filled where the
+    rung kept it and hollow where it stopped it (or would have, in audit), and the true final
+    of every trial that finished at t̂ = 1: what a sweep shows without audit."""
+    fig, ax = _figure(9.0, 5.5)
+    ids = sorted({tid for rung in rungs for tid in rung.entries}, key=lambda t: (labels.get(t, ""), t))
+    colors = dict(zip(ids, _colors(len(ids))))
+    spread = 0.03 / max(len(ids), 1)
+    drawn = 0
+    for k, tid in enumerate(ids):
+        x_off = (k - (len(ids) - 1) / 2) * spread
+        for rung in rungs:
+            entry = rung.entries.get(tid)
+            if entry is None or entry.predicted_final_loss is None:
+                continue
+            stopped = entry.decision in ("stop", "would_stop")
+            ax.errorbar(rung.fraction + x_off, entry.predicted_final_loss, yerr=entry.uncertainty or 0.0,
+                        fmt="o", ms=6, capsize=2, lw=1.0, color=colors[tid],
+                        mfc="white" if stopped else colors[tid], mew=1.4)
+            drawn += 1
+        if tid in finals:
+            ax.plot(1.0 + x_off, finals[tid], marker="*", ms=11, color=colors[tid], ls="none")
+    if not drawn:
+        _message(ax, "No rung has predicted a trial yet" + (f":\n{reason}" if reason else ""))
+        ax.set_title("Predicted final loss at each rung")
+        return _save(fig, path)
+    # Direct labels at the right edge (one per trial) instead of a legend beside the axes.
+    for tid in ids:
+        last = [(r.fraction, r.entries[tid].predicted_final_loss) for r in rungs
+                if tid in r.entries and r.entries[tid].predicted_final_loss is not None]
+        if last:
+            y = finals.get(tid, last[-1][1])
+            ax.annotate(labels.get(tid) or tid, (1.0, y), xytext=(8, 0), textcoords="offset points",
+                        fontsize=7, color=colors[tid], va="center", annotation_clip=False)
+    from matplotlib.lines import Line2D
+
+    key = [Line2D([], [], marker="o", color="0.3", ls="none", label="kept at the rung (±1σ)"),
+           Line2D([], [], marker="o", color="0.3", mfc="white", ls="none", label="stopped at the rung"),
+           Line2D([], [], marker="*", color="0.3", ms=10, ls="none", label="true final (finished trials)")]
+    ax.legend(handles=key, fontsize=8, loc="upper center")
+    ax.set_xlim(0.0, 1.25)
+    ax.set_xticks(sorted({r.fraction for r in rungs} | {1.0}))
+    ax.set_xlabel("rung t̂ (1.0: end of training)")
+    ax.set_ylabel("predicted final loss")
+    ax.set_title("What the sweep knows without audit: predicted finals at each rung and the decision\n"
+                 "(regret needs every trial's final loss: run with --audit for it)", fontsize=10)
+    ax.grid(alpha=0.3)
     return _save(fig, path)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from hpo.analysis import CSV_COLUMNS, RULE_LABELS, Analysis, Report, analyse, config_label
-from hpo.plots import plot_curves, plot_normalized, plot_regret
+from hpo.analysis import CSV_COLUMNS, RULE_LABELS, Analysis, Report, analyse, config_label, final_loss
+from hpo.plots import plot_curves, plot_normalized, plot_regret, plot_rung_predictions
 from hpo.tables import markdown_table
 from predictors.io import atomic_write_text, atomic_write_with, finite_or_none
 
@@ -66,8 +66,14 @@ def _write_plots(analysis: Analysis, out: Path) -> None:
     jobs = {
         "curves": lambda p: plot_curves(trials, labels, rungs, p),
         "normalized": lambda p: plot_normalized(trials, labels, divisors, analysis.predictor, p),
-        "regret": lambda p: plot_regret(
-            report.regret_curve, report.rows if report.regret_is_true else [], p, reason=regret_reason),
+        # Without audit the regret is unknowable (stopped trials have no final): the figure
+        # shows the rung predictions and decisions instead of an empty box.
+        "regret": (lambda p: plot_regret(report.regret_curve, report.rows if report.regret_is_true else [], p,
+                                         reason=regret_reason)) if report.regret_curve else
+                  (lambda p: plot_rung_predictions(
+                      analysis.state.rungs, labels,
+                      {rec.trial_id: f for rec in trials if (f := final_loss(rec)) is not None}, p,
+                      reason=regret_reason)),
     }
     for name, job in jobs.items():
         path = out / f"{name}.png"
