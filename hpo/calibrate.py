@@ -83,7 +83,8 @@ class CalibrationConfig(BaseModel):
     data_seed_from_seed: bool = False
     bank: str = "configs/calibration/bank.parquet"
     # None: bank the curves only, fit and write nothing (held-out studies such as transfer).
-    predictor_out: Optional[str] = "configs/predictors/calibrated.json"
+    # Under runs/ by default, never a tracked file unless asked ({name}: the calibration's name).
+    predictor_out: Optional[str] = "runs/calibration/{name}/predictor.json"
     output_dir: Optional[str] = None
     fit: FitSettings = Field(default_factory=FitSettings)
     cpus_per_run: float = 1.0
@@ -187,6 +188,11 @@ def portable_path(path: Path) -> str:
 
 def _output(config: CalibrationConfig) -> Path:
     return _resolve(config.output_dir or f"runs/calibration/{config.name}")
+
+
+def _predictor_out(config: CalibrationConfig) -> Path:
+    assert config.predictor_out is not None
+    return _resolve(config.predictor_out.replace("{name}", config.name))
 
 
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
@@ -638,7 +644,7 @@ def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool 
         print(f"calibration {config.name!r}: bank only (predictor_out is null); "
               f"{n} of {len(wanted)} runs in {bank_path}")
         return {"bank": str(bank_path), "n_banked": n, "n_runs": len(wanted), "predictor": None}
-    predictor_path = _resolve(config.predictor_out)
+    predictor_path = _predictor_out(config)
     summary = fit_from_bank(config, bank_path, predictor_path)
     _log_mlflow(config, summary)
     return summary
@@ -664,7 +670,7 @@ def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str,
     on curves from ``hpo.curve_import`` (a user's file or MLflow experiment)."""
     if config.predictor_out is None:
         raise ConfigError("predictor_out: a calibration from curves must write a predictor (got null)")
-    predictor_path = _resolve(config.predictor_out)
+    predictor_path = _predictor_out(config)
     summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),
                              provenance={"calibration": config.name, "curves": imported.source},
                              source=imported.source, notes=tuple(imported.notes))

@@ -101,6 +101,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hpo.calibrate import calibrate, calibrate_from_curves, user_curves_config
 
     overrides = tuple(args.set or [])
+    if args.output_dir:
+        overrides += (f"output_dir={args.output_dir}",)
+    if args.predictor_out:
+        overrides += (f"predictor_out={args.predictor_out}",)
     if args.config:
         _check_calibration_name(args.config, overrides)
     if args.from_curves or args.from_mlflow:
@@ -108,10 +112,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
         if args.from_curves and args.from_mlflow:
             raise ConfigError("--from-curves and --from-mlflow: give one of them")
-        if args.output_dir:
-            overrides += (f"output_dir={args.output_dir}",)
-        if args.predictor_out:
-            overrides += (f"predictor_out={args.predictor_out}",)
         label = Path(args.from_curves).stem if args.from_curves else f"mlflow_{args.from_mlflow}"
         config = user_curves_config(label, args.config, overrides)
         try:
@@ -227,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--smoothing-fraction", type=float, default=0.0,
                            help="smooth imported losses over this fraction of each run's tokens (default 0: "
                                 "already smoothed)")
-    calibrate.add_argument("--predictor-out", help="predictor JSON to write (with --from-*)")
-    calibrate.add_argument("--output-dir", help="report directory (with --from-*)")
+    calibrate.add_argument("--predictor-out", help="predictor JSON to write (default "
+                           "runs/calibration/<name>/predictor.json; give the shipped file's path to replace it)")
+    calibrate.add_argument("--output-dir", help="report directory (default runs/calibration/<name>)")
     calibrate.set_defaults(func=_cmd_calibrate)
     return parser
 

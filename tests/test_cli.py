@@ -222,3 +222,34 @@ def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
     assert "sweep INTERRUPTED: the report below is partial" in out
     assert out.index("sweep INTERRUPTED") < out.index("Sweep report")
     assert f"hpo resume {output}" in out and f"hpo resume {output}" in err
+
+
+def test_readme_calibrate_commands_leave_the_checkout_unchanged(tmp_path: Path) -> None:
+    # `hpo calibrate CONFIG --fit-only` and `--from-curves FILE`, run from the repository as the
+    # README says, write under runs/ (ignored), never into a tracked file: git status is the
+    # same before and after. (Cut down: no held-out refits, so it takes seconds.)
+    import shutil
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    clone = tmp_path / "clone"
+    # The checkout as it is now, uncommitted changes and .git included (runs/ and caches left out).
+    shutil.copytree(repo, clone, ignore=shutil.ignore_patterns("runs", "__pycache__", ".pytest_cache", "*.egg-info"))
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    fast = ["--set", "fit.compare_fixed_m=false", "--set", "fit.held_out_error=false",
+            "--set", "fit.ranking_error=false"]
+    env = {"PYTHONPATH": str(clone), "PATH": __import__("os").environ["PATH"], "HOME": str(tmp_path)}
+    for command in (["calibrate", "configs/calibration/constant_lr.yaml", "--fit-only", "--set",
+                     "predictor_out=runs/calibration/{name}/predictor.json", *fast],
+                    ["calibrate", "configs/calibration/default.yaml", "--fit-only", *fast],
+                    ["calibrate", "--from-curves", "configs/curves/example_curves.csv", *fast]):
+        done = subprocess.run([sys.executable, "-m", "hpo.cli", *command], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert after == before
+    assert (clone / "runs/calibration/tiny/predictor.json").exists()  # default.yaml's calibration is "tiny"
+    assert (clone / "runs/calibration/example_curves/predictor.json").exists()
