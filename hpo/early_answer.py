@@ -6,6 +6,7 @@ MLflow parent run, while the surviving trial keeps training.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -59,7 +60,7 @@ def format_early_answer(answer: dict[str, Any]) -> str:
         f"  predicted final loss {answer.get('predicted_final_loss'):.4f} ± {answer.get('uncertainty'):.4f} (1σ)",
         "    the predictor is calibrated for the order of the trials (the keep-margin",
         "    covers it), not for the value"
-        + (f": the value is uncertain by ~{100 * value_error:.1f}% at this fraction" if value_error else ""),
+        + (f"; the value is uncertain by ~{100 * value_error:.1f}%" if value_error else ""),
         f"  keep-margin {answer['margin_text']}" if answer.get("margin_text")
         else f"  kept within margin {margin}" if margin not in (None, 0, 0.0) else "  keep-margin 0",
         *([f"  the margin exceeded the spread of the predicted finals: kept all "
@@ -68,4 +69,9 @@ def format_early_answer(answer: dict[str, Any]) -> str:
         "of the full sweep",
         "",
     ]
-    return "\n".join(lines)
+    # Long parts (the margin's provenance) are wrapped here, between words and indented, so a
+    # log or an 80-column terminal never breaks them at the left margin.
+    wrapped = [textwrap.fill(line, width=80, subsequent_indent="    ", break_long_words=False,
+                             break_on_hyphens=False) if len(line) > 80 and "[" not in line else line
+               for line in lines]
+    return "\n".join(wrapped)

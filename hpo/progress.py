@@ -153,7 +153,7 @@ class SweepProgress(tune.Callback):
             best = summary.get("predicted_best") or {}
             console.print(f"[progress] {len(trials)} trials, {running} in the race, compute "
                           f"{100 * (summary.get('compute_fraction') or 0):.0f}%, predicted best "
-                          f"{best.get('trial_id', '–')}")
+                          f"{best.get('trial_id', '–')}", markup=False, highlight=False)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         self._update()
