@@ -1,4 +1,4 @@
-"""The ``hpo`` command line: train, sweep, resume, report.
+"""The ``hpo`` command line: train, sweep, resume, report; submit, status, answer, logs, stop.
 
 Every command validates its input first and exits with status 2 and one message naming
 the field (and file) at fault, before anything is written. No message, and no traceback,
@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from pydantic import ValidationError
 
+from hpo.data import sweep_config_path
 from hpo.errors import InputError
 from hpo.overrides import ConfigError, apply_overrides, check_safe_name, format_validation_error, read_yaml
 from hpo.tracking_uri import strip_credentials
@@ -34,20 +35,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = run_to_directory(config, output, progress=not args.quiet)
     print(f"status: {summary.get('status')}; wrote {output.resolve()}")
     return 0 if summary.get("status") != "diverged" else 1
-
-
-def sweep_config_path(config: str) -> Path:
-    """A sweep CONFIG argument as a file: an existing path, else a packaged sweep by name
-    (``hpo sweep quickstart`` works from any directory, also from a wheel install)."""
-    from hpo.data import packaged_sweep, packaged_sweeps
-
-    path = Path(config)
-    if path.exists() or path.suffix or len(path.parts) > 1:
-        return path  # read_yaml names a missing file, a directory or a binary file
-    try:
-        return packaged_sweep(config)
-    except KeyError:
-        raise ConfigError(f"{config}: no such file, nor a packaged sweep ({', '.join(packaged_sweeps())})") from None
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -152,6 +139,96 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- Ray Jobs (hpo.jobs)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from hpo.jobs import submit
+
+    sub = submit(args.config, tuple(args.set or []), address=args.address, tracking_uri=args.tracking_uri,
+                 storage=args.storage, working_dir=args.working_dir)
+    links = sub.links()
+    print(f"job: {sub.job_id}\nMLflow experiment: {sub.experiment} (id {sub.experiment_id}) at {sub.tracking_uri}\n"
+          f"outputs: {sub.output_dir}\nRay dashboard: {links['ray_dashboard']}\nMLflow UI: {links['mlflow_ui']}\n"
+          f"follow it: hpo status {sub.job_id}; hpo answer {sub.job_id}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from hpo.jobs import connect, dashboard_url, format_state, job_state, list_jobs
+
+    client = connect(args.address)
+    url = dashboard_url(args.address)
+    ids = [args.job] if args.job else [j.submission_id for j in list_jobs(client)]
+    states = [job_state(client, job_id, url, args.tracking_uri) for job_id in ids]
+    if args.json:
+        print(json.dumps(states if not args.job else states[0], indent=1))
+    elif not states:
+        print(f"no sweeps submitted to {url}")
+    else:
+        print("\n".join(format_state(s) for s in states))
+    return 0
+
+
+def _cmd_answer(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from hpo.early_answer import format_early_answer
+    from hpo.jobs import ANSWERED, STILL_RUNNING, answer
+
+    shown: set[str] = set()
+
+    def waiting(state: dict) -> None:
+        if state["state"] not in shown and not args.json:
+            shown.add(state["state"])
+            print(f"waiting for the early answer of {args.job} ({state['state']}) ...", file=sys.stderr, flush=True)
+
+    code, state = answer(args.job, address=args.address, tracking_uri=args.tracking_uri, wait=args.wait,
+                         timeout_s=args.timeout, on_wait=waiting)
+    if code == ANSWERED:
+        early = state["published"]["early_answer"]
+        if args.json:
+            print(json.dumps(early, indent=1))
+        else:
+            Console().print(format_early_answer(early))
+    elif code == STILL_RUNNING:
+        print(f"{args.job}: {state['state']}, no early answer yet", file=sys.stderr)
+    else:
+        why = f": {state['error']}" if state.get("error") else ""
+        print(f"error: {args.job} ended ({state['state']}) without an early answer{why}", file=sys.stderr)
+    return code
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from hpo.jobs import logs
+
+    logs(args.job, address=args.address, follow=args.follow, write=lambda text: print(text, end="", flush=True))
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from hpo.jobs import stop
+
+    result = stop(args.job, address=args.address, tracking_uri=args.tracking_uri)
+    if result["already_ended"]:
+        print(f"{args.job} has already ended ({result['state']}); nothing to stop")
+    else:
+        print(f"stopped {args.job} ({result['state']}); {result['runs_killed']} MLflow run(s) ended KILLED, "
+              "the stop recorded on the parent run")
+    return 0
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help="the Ray head's dashboard address, http://HEAD:8265 (default: "
+                                          "RAY_ADDRESS, else http://127.0.0.1:8265)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI; for an existing "
+                                               "job, else the one it was submitted with)")
+
+
 def _check_calibration_name(config: str, overrides: tuple[str, ...]) -> None:
     """A calibration's name becomes folder names (its Ray experiment, runs/calibration/<name>):
     refuse one that could leave them ('../x') before anything runs."""
@@ -231,6 +308,43 @@ def build_parser() -> argparse.ArgumentParser:
                            "runs/calibration/<name>/predictor.json; give the shipped file's path to replace it)")
     calibrate.add_argument("--output-dir", help="report directory (default runs/calibration/<name>)")
     calibrate.set_defaults(func=_cmd_calibrate)
+
+    submit = sub.add_parser("submit", help="run a sweep as a Ray Job on a cluster (validated here first)")
+    submit.add_argument("config", help="YAML sweep config, or the name of a packaged one (quickstart)")
+    submit.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    submit.add_argument("--storage", help="directory on the cluster's shared storage for the outputs (default: "
+                                          "HPO_STORAGE); the sweep writes <storage>/<job id>")
+    submit.add_argument("--working-dir", help="ship this directory as the job's working dir (e.g. a checkout of "
+                                              "collapse-hpo); default: the cluster's installed package")
+    _add_cluster_options(submit)
+    submit.set_defaults(func=_cmd_submit)
+
+    status = sub.add_parser("status", help="submitted sweeps: state, rung progress, compute, early answer")
+    status.add_argument("job", nargs="?", help="a job id (default: every sweep submitted to the cluster)")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    _add_cluster_options(status)
+    status.set_defaults(func=_cmd_status)
+
+    answer = sub.add_parser("answer", help="the early answer of a submitted sweep (exit 0: answered, 3: still "
+                                           "running, 1: ended without one)")
+    answer.add_argument("job")
+    answer.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                        help="block until the answer exists or the job ends (default); --no-wait: ask once")
+    answer.add_argument("--timeout", type=float, help="give up waiting after this many seconds (exit 3)")
+    answer.add_argument("--json", action="store_true", help="print the answer as JSON (predicted_best.json)")
+    _add_cluster_options(answer)
+    answer.set_defaults(func=_cmd_answer)
+
+    logs = sub.add_parser("logs", help="the log of a submitted sweep")
+    logs.add_argument("job")
+    logs.add_argument("--follow", action="store_true", help="keep printing until the job ends")
+    _add_cluster_options(logs)
+    logs.set_defaults(func=_cmd_logs)
+
+    stop = sub.add_parser("stop", help="stop a submitted sweep; its MLflow runs end KILLED")
+    stop.add_argument("job")
+    _add_cluster_options(stop)
+    stop.set_defaults(func=_cmd_stop)
     return parser
 
 

@@ -1,7 +1,8 @@
 """The early answer: the predicted-best config, announced the moment the last rung is decided.
 
-Printed to the terminal, written to ``<output>/predicted_best.json`` and tagged on the
-MLflow parent run, while the surviving trial keeps training.
+Printed to the terminal, written to ``<output>/predicted_best.json`` and published on the
+MLflow parent run (tags and a JSON artifact, ``hpo.tracking.SweepTracker.publish_early_answer``),
+while the surviving trial keeps training.
 """
 
 from __future__ import annotations
@@ -27,19 +28,9 @@ class EarlyAnswer:
         Console(stderr=False).print(format_early_answer(answer))
         if self.tracker is not None:
             try:
-                self.tracker.tag_parent({
-                    "predicted_best.trial_id": answer.get("trial_id"),
-                    "predicted_best.config": answer.get("config"),
-                    "predicted_best.final_loss": answer.get("predicted_final_loss"),
-                    "predicted_best.uncertainty": answer.get("uncertainty"),
-                    "predicted_best.probability_best": answer.get("probability_best"),
-                    "predicted_best.rung": answer.get("rung"),
-                    "predicted_best.compute_fraction": answer.get("compute_fraction"),
-                    "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
-                    "predicted_best.kept": answer.get("kept"),
-                })
+                self.tracker.publish_early_answer(answer)
             except Exception as exc:  # noqa: BLE001 - tracking must not kill the sweep
-                Console(stderr=True).print(f"[yellow]MLflow tag failed: {exc}[/yellow]")
+                Console(stderr=True).print(f"[yellow]MLflow publish failed: {exc}[/yellow]")
 
 
 def format_early_answer(answer: dict[str, Any]) -> str:

@@ -66,8 +66,10 @@ class RungAnnouncer:
     so the line comes before the early answer that follows from it. Picklable (Ray Tune
     checkpoints the scheduler with it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, publish: Optional[Any] = None) -> None:
         self.announced: set[float] = set()
+        # Called next with the same decision (the sweep's MLflow publisher, ``hpo.tracking``).
+        self.publish = publish
 
     def __call__(self, decision: dict[str, Any]) -> None:
         fraction = float(decision["fraction"])
@@ -76,6 +78,8 @@ class RungAnnouncer:
         judged = len(kept) + len(decision.get("stopped") or [])
         Console(soft_wrap=True).print(rung_line(fraction, kept, judged, decision.get("predicted_best"),
                                                 decision.get("current_best")), highlight=False)
+        if self.publish is not None:
+            self.publish(decision)
 
 
 class SlotUse(tune.Callback):

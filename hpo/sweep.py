@@ -19,6 +19,7 @@ locations re-pointed (``hpo.tracking.relocate_sqlite_store``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -34,6 +35,8 @@ from predictors.io import atomic_write_bytes, atomic_write_text
 STATE_FILE = "scheduler_state.json"
 CONFIG_FILE = "sweep.yaml"
 PREDICTOR_FILE = "predictor.json"
+#: Set by ``hpo submit`` in the Ray Job's environment: the job id the parent run is tagged with.
+JOB_ID_ENV = "HPO_JOB_ID"
 #: Files whose presence means a directory already holds a sweep.
 SWEEP_MARKERS = (CONFIG_FILE, STATE_FILE, "mlflow_runs.json", "ray")
 
@@ -102,7 +105,8 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
                     resume: bool = False, on_decision: Any = None) -> Any:
     """The sweep's CollapseScheduler on ``predictor`` (the sweep's copy, loaded once by
     ``_execute`` and shared with the report); ``resume`` continues the decisions saved in
-    ``output`` (a sweep killed before its first state write has none yet, and starts afresh)."""
+    ``output`` (a sweep killed before its first state write has none yet, and starts afresh);
+    ``on_decision`` gets every rung decision the moment it is made (printed and published on MLflow)."""
     from hpo.scheduler import CollapseScheduler
 
     return CollapseScheduler(
@@ -157,9 +161,18 @@ def _check_creatable(output: Path) -> None:
         raise ConfigError(f"output_dir: cannot create {output} ({ancestor} is not a writable directory)")
 
 
+def preflight_portable(config: SweepConfig) -> None:
+    """The checks of :func:`preflight_sweep` that hold on any machine: the predictor file loads
+    and the tracking URI works. ``hpo submit`` runs them (after the same ``load_sweep_config``)
+    on the client, before anything reaches the cluster; the output-directory checks run on the
+    cluster, where the directory is."""
+    check_predictor(config.predictor_path())
+    _check_tracking(config)
+
+
 def preflight_sweep(config: SweepConfig) -> Path:
     """Every check of a new sweep that needs no write; returns the output directory."""
-    check_predictor(config.predictor_path())
+    preflight_portable(config)
     output = config.output_path()
     _check_creatable(output)
     held = [m for m in SWEEP_MARKERS if (output / m).exists()]
@@ -173,7 +186,6 @@ def preflight_sweep(config: SweepConfig) -> Path:
                 f"directory (--output DIR); `hpo resume {output}` would continue the old config unchanged")
         raise ConfigError(f"output_dir: {output} already holds a sweep ({held[0]}); continue it with "
                           f"`hpo resume {output}`, or start afresh into another directory (--output DIR)")
-    _check_tracking(config)
     return output
 
 
@@ -304,12 +316,15 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from hpo.progress import RungAnnouncer, SlotUse, SweepProgress
     from hpo.report import write_report
     from hpo.scheduler_state import TERMINAL_STATUSES
-    from hpo.tracking import MlflowSweepCallback, SweepTracker
+    from hpo.tracking import JOB_TAG, MlflowSweepCallback, SweepTracker
     from hpo.trainable import short_trial_dirname
 
     # Credentials of an http(s) URI go to MLflow's environment variables of this process;
     # from here on only the stripped URI exists.
     tracking_uri = use_credentials(config.tracking_uri())
+    # The sweep prints where its records are once, at start and in the summary; MLflow's own
+    # "View run ... at" line for every run it ends (an http server) would bury the rung lines.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     _init_ray(config, address, tracking_uri)
     if restore:
         _relocate(config, output, created_in or output)
@@ -321,13 +336,18 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
+        job_id = os.environ.get(JOB_ID_ENV)
+        if job_id:  # submitted with `hpo submit`: clients find this run by the job id
+            tracker.tag_parent({JOB_TAG: job_id})
         mlflow_where = mlflow_location(tracking_uri, config.mlflow.experiment, tracker.experiment_id())
         print(mlflow_where["text"], flush=True)
         early = EarlyAnswer(output, tracker)
         # The predictor is read once here, from the sweep's own copy, for the scheduler and the
         # report (preflight only checked that the user's file loads, before anything was written).
         predictor = Predictor.load(output / PREDICTOR_FILE)
-        announcer = RungAnnouncer()  # each rung's line is printed as decided, before its early answer
+        # Each rung decision is printed as it is made (before the early answer that follows
+        # from it) and published on the MLflow parent run for `hpo status` / `hpo answer`.
+        announcer = RungAnnouncer(publish=tracker.publish_decision)
         scheduler = build_scheduler(config, output, early, predictor, resume=restore, on_decision=announcer)
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
@@ -355,6 +375,8 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         )
         errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
         report = write_report(output, predictor=predictor)
+        with contextlib.suppress(Exception):  # the final counts for `hpo status`; never lose the report
+            tracker.publish_progress(scheduler.progress(), scheduler.compute_fraction())
         state = _state(output)
         # Ctrl-C: Ray Tune saves and ends the run, and may mark the unfinished trials TERMINATED;
         # a trial the scheduler has neither finished, stopped nor seen fail tells it apart.

@@ -18,6 +18,14 @@ trials that had finished but were left RUNNING by a killed driver are closed wit
 verdict, and any exception marks the parent (and the runs still open) FAILED
 (:meth:`SweepTracker.running`).
 
+Published state. The moment the scheduler decides a rung or announces the early answer, the
+tracker publishes it on the parent run (:meth:`SweepTracker.publish_decision`,
+:meth:`SweepTracker.publish_early_answer`): short tags for a glance in the MLflow UI and the
+whole record as a JSON artifact under ``collapse_hpo/``. A sweep submitted as a Ray Job tags
+its parent run with the job id (:data:`JOB_TAG`), so ``hpo status`` / ``hpo answer`` on any
+machine find it with the MLflow URI alone (:func:`find_job_run`, :func:`read_published`), no
+shared filesystem needed.
+
 The tracker keeps only a URI without credentials (``hpo.tracking_uri.use_credentials`` moved
 them into MLflow's own environment variables), so nothing it writes or pickles holds a
 password.
@@ -36,7 +44,7 @@ from typing import Any, Callable, Iterator, Optional
 from ray import tune
 
 from hpo.tracking_uri import sqlite_path, strip_credentials
-from predictors.io import atomic_write_json
+from predictors.io import atomic_write_json, dumps
 
 # Result keys logged as step metrics, and the params logged once per trial.
 STEP_METRICS = ("loss", "train_loss", "val_loss", "lr", "train_fraction", "predicted_final_loss")
@@ -46,6 +54,21 @@ TRIAL_PARAMS = (
     "data_seed",
 )
 IDS_FILE = "mlflow_runs.json"
+#: Parent-run tag holding the Ray Job id of a sweep submitted with ``hpo submit``.
+JOB_TAG = "collapse_hpo.job_id"
+#: Parent-run tags and artifacts of the published state (see the module docstring).
+PROGRESS_TAG = "collapse_hpo.progress"
+RUNGS_DECIDED_TAG = "collapse_hpo.rungs_decided"
+EARLY_ANSWER_TAG = "collapse_hpo.early_answer"
+STOP_TAG = "collapse_hpo.stopped"
+PUBLISHED_DIR = "collapse_hpo"
+EARLY_ANSWER_ARTIFACT = f"{PUBLISHED_DIR}/early_answer.json"
+PROGRESS_ARTIFACT = f"{PUBLISHED_DIR}/progress.json"
+
+
+def decision_artifact(rung: int) -> str:
+    """The artifact path of the published decision at rung index ``rung``."""
+    return f"{PUBLISHED_DIR}/rung_{rung}.json"
 #: Scheduler statuses of a trial that will not train again.
 FINISHED_STATUSES = ("completed", "stopped", "diverged", "error")
 
@@ -179,6 +202,44 @@ class SweepTracker:
             elif path.exists():
                 self.client.log_artifact(parent, str(path))
 
+    # ------------------------------------------------------------------ published state
+
+    def publish_decision(self, decision: dict[str, Any]) -> None:
+        """A rung decision (``CollapseScheduler(on_decision=...)``'s payload) on the parent run:
+        the decision as ``collapse_hpo/rung_<i>.json``, the progress it carries as tags and as
+        ``collapse_hpo/progress.json``."""
+        parent = self.parent_run_id()
+        rung = int(decision["rung"])
+        self.client.log_text(parent, dumps(decision, indent=1), decision_artifact(rung))
+        self.client.set_tag(parent, RUNGS_DECIDED_TAG, str(rung + 1))
+        self.publish_progress(decision.get("progress") or [], decision.get("compute_fraction"))
+
+    def publish_progress(self, progress: list[dict[str, Any]], compute_fraction: Optional[float]) -> None:
+        """Per-rung trial counts (``CollapseScheduler.progress``) and the compute used so far."""
+        record = {"progress": progress, "compute_fraction": compute_fraction, "published_at": time.time()}
+        parent = self.parent_run_id()
+        self.client.log_text(parent, dumps(record, indent=1), PROGRESS_ARTIFACT)
+        self.client.set_tag(parent, PROGRESS_TAG, dumps(record, indent=None)[:6000])
+
+    def publish_early_answer(self, answer: dict[str, Any]) -> None:
+        """The early answer (the content of ``predicted_best.json``) on the parent run: the
+        whole answer as ``collapse_hpo/early_answer.json``, its main fields as tags."""
+        parent = self.parent_run_id()
+        self.client.log_text(parent, dumps(answer, indent=1), EARLY_ANSWER_ARTIFACT)
+        self.tag_parent({
+            "predicted_best.trial_id": answer.get("trial_id"),
+            "predicted_best.config": answer.get("config"),
+            "predicted_best.final_loss": answer.get("predicted_final_loss"),
+            "predicted_best.uncertainty": answer.get("uncertainty"),
+            "predicted_best.probability_best": answer.get("probability_best"),
+            "predicted_best.rung": answer.get("rung"),
+            "predicted_best.compute_fraction": answer.get("compute_fraction"),
+            "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
+            "predicted_best.kept": answer.get("kept"),
+        })
+        # Last: its presence tells a client that the artifact above is complete.
+        self.client.set_tag(parent, EARLY_ANSWER_TAG, "1")
+
     def finish_parent(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.parent_run_id(), status=status)
 
@@ -239,6 +300,69 @@ class SweepTracker:
         for run_id in self._ids["trials"].values():
             if self.client.get_run(run_id).info.status == "RUNNING":
                 self.client.set_terminated(run_id, status=status)
+
+
+# ----------------------------------------------------------------------------- readers (clients)
+
+
+def find_job_run(client: Any, experiment: str, job_id: str) -> Optional[Any]:
+    """The parent run of the sweep submitted as Ray Job ``job_id`` (None if it has none yet)."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{job_id}'",
+                              order_by=["attributes.start_time ASC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def _read_artifact(client: Any, run_id: str, path: str) -> Optional[Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(run_id, path, tmp)
+        except Exception:  # noqa: BLE001 - not published (yet): MLflow raises several kinds
+            return None
+        return json.loads(Path(local).read_text())
+
+
+def read_published(client: Any, run: Any) -> dict[str, Any]:
+    """What a sweep published on its parent run ``run``: ``status`` (the run's), ``progress``
+    (per-rung counts and compute, or None before the first decision), ``rungs_decided``,
+    ``early_answer`` (the content of ``predicted_best.json``, or None) and ``stopped``."""
+    tags = run.data.tags
+    progress = None
+    if PROGRESS_TAG in tags:
+        try:
+            progress = json.loads(tags[PROGRESS_TAG])
+        except ValueError:  # cut at the tag length limit: the artifact has it whole
+            progress = _read_artifact(client, run.info.run_id, PROGRESS_ARTIFACT)
+    answer = _read_artifact(client, run.info.run_id, EARLY_ANSWER_ARTIFACT) if tags.get(EARLY_ANSWER_TAG) else None
+    return {"run_id": run.info.run_id, "status": run.info.status, "progress": progress,
+            "rungs_decided": int(tags.get(RUNGS_DECIDED_TAG, 0)), "early_answer": answer,
+            "stopped": json.loads(tags[STOP_TAG]) if STOP_TAG in tags else None}
+
+
+def record_stop(client: Any, parent_run_id: str, stop: dict[str, Any]) -> int:
+    """``hpo stop``: the parent run and every child run still RUNNING end KILLED, and the stop
+    (who, when, which job) is tagged on the parent. Returns how many runs were ended."""
+    run = client.get_run(parent_run_id)
+    children = client.search_runs([run.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=5000)
+    client.set_tag(parent_run_id, STOP_TAG, json.dumps(stop))
+    ended = 0
+    for child in children:
+        # Open at the stop: still RUNNING (a driver killed outright), or marked FAILED by the
+        # driver's own teardown on Ray's SIGTERM while its trial still trained (its status tag
+        # still "running"; a trial that really failed carries "error", a finished one its verdict).
+        if child.info.status in ("RUNNING", "SCHEDULED") or (
+                child.info.status == "FAILED" and child.data.tags.get("status") == "running"):
+            client.set_tag(child.info.run_id, "status", "killed")
+            client.set_terminated(child.info.run_id, status="KILLED")
+            ended += 1
+    # The parent is KILLED whatever the dying driver wrote last (it may have marked it FAILED).
+    client.set_terminated(parent_run_id, status="KILLED")
+    return ended + 1
 
 
 def _param_value(value: Any) -> str:

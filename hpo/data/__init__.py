@@ -54,3 +54,18 @@ def packaged_sweep(name: str) -> Path:
     if name not in packaged_sweeps():
         raise KeyError(name)
     return resource_path(f"{SWEEPS}/{name}.yaml")
+
+
+def sweep_config_path(config: str) -> Path:
+    """A sweep CONFIG argument (``hpo sweep``, ``hpo submit``) as a file: an existing path, else
+    a packaged sweep by name (``hpo sweep quickstart`` works from any directory, also from a
+    wheel install)."""
+    from hpo.overrides import ConfigError
+
+    path = Path(config)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path  # read_yaml names a missing file, a directory or a binary file
+    try:
+        return packaged_sweep(config)
+    except KeyError:
+        raise ConfigError(f"{config}: no such file, nor a packaged sweep ({', '.join(packaged_sweeps())})") from None

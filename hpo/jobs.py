@@ -1,0 +1,370 @@
+"""Sweeps as Ray Jobs: ``hpo submit``, ``status``, ``answer``, ``logs``, ``stop``.
+
+A team shares one Ray cluster and one MLflow tracking server; nothing of ours runs as a server.
+
+* ``hpo submit CONFIG`` validates the config on the client exactly as ``hpo sweep`` does
+  (``load_sweep_config`` + ``hpo.sweep.preflight_portable``), then submits a Ray Job whose
+  entrypoint is ``python -m hpo.cli sweep .hpo-job/sweep.yaml``. The resolved config (and a
+  custom predictor file) travel in the job's ``working_dir``, which Ray uploads to the head:
+  the cluster runs its installed collapse-hpo (no pip install, no internet), or the code of
+  ``--working-dir`` if given. Outputs go to ``<--storage>/<job id>`` (the sweep's
+  ``output_dir``, Ray's ``storage_path`` under it): put it on storage every node mounts, so
+  any node can ``hpo resume`` it.
+* The job id travels as ``HPO_JOB_ID`` in the job's environment; the sweep tags its MLflow
+  parent run with it and publishes every rung decision and the early answer there
+  (``hpo.tracking``). ``status`` / ``answer`` therefore need only the Ray address and the
+  MLflow URI; the tracking URI a job was submitted with is also kept in its Ray metadata.
+* ``hpo stop`` stops the job through Ray, then ends its MLflow runs KILLED with the stop
+  tagged on the parent (``hpo.tracking.record_stop``): a killed driver cannot do it itself.
+
+Unreachable services are named within seconds (``probe`` / ``check_tracking_uri``); Ray's and
+MLflow's own clients would wait or retry for minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from hpo.errors import InputError
+from hpo.tracking_uri import check_tracking_uri, strip_credentials
+
+#: Where a Ray head's dashboard (the Jobs API) listens by default.
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+#: Seconds the Ray head and the MLflow server get to answer the first request.
+PROBE_TIMEOUT_S = 5.0
+#: Folder inside the job's working_dir holding the submitted config (and predictor).
+JOB_FILES = ".hpo-job"
+#: Ray job metadata key marking the jobs ``hpo submit`` made.
+METADATA_KEY = "collapse_hpo"
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+#: ``hpo answer`` exit statuses (2 stays "bad input / unreachable", as everywhere).
+ANSWERED, ENDED_WITHOUT_ANSWER, STILL_RUNNING = 0, 1, 3
+#: Never shipped with --working-dir: version control, caches, sweep outputs.
+IGNORED_IN_WORKING_DIR = (".git", "__pycache__", "*.pyc", "runs", "mlruns", "mlartifacts", "*.egg-info",
+                          ".pytest_cache", JOB_FILES)
+
+
+class ClusterError(InputError):
+    """The Ray head cannot be used (unreachable, no Jobs API, no token), or names no such job."""
+
+
+# ----------------------------------------------------------------------------- connections
+
+
+def dashboard_url(address: Optional[str]) -> str:
+    """The HTTP address of the head's Jobs API: ``--address``, else ``RAY_ADDRESS``, else the
+    local default; ``HOST:PORT`` means ``http://HOST:PORT``."""
+    address = (address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS).strip()
+    if address.startswith("ray://") or address == "auto":
+        raise ClusterError(f"--address: {address}: give the Ray dashboard's HTTP address (http://HEAD:8265), "
+                           "which serves the Jobs API")
+    if "://" not in address:
+        address = f"http://{address}"
+    return address.rstrip("/")
+
+
+def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`ClusterError` unless a Ray dashboard answers at ``url`` within ``timeout_s``."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/version", timeout=timeout_s) as answer:  # noqa: S310 - http(s)
+            body = answer.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return  # a token-protected head: the client below sends the token or names it
+        raise ClusterError(f"--address: {url}: not a Ray dashboard (HTTP {exc.code} on /api/version); "
+                           "give the head's dashboard address, http://HEAD:8265") from None
+    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        why = (f"no answer within {timeout_s:g} s" if isinstance(reason, (socket.timeout, TimeoutError))
+               else str(getattr(reason, "strerror", None) or reason))
+        raise ClusterError(f"--address: Ray head unreachable at {url} ({why}); start it with "
+                           "`ray start --head` or set RAY_ADDRESS") from None
+    try:
+        json.loads(body)["ray_version"]
+    except (ValueError, KeyError, TypeError):
+        raise ClusterError(f"--address: {url}: not a Ray dashboard (no ray_version on /api/version)") from None
+
+
+def connect(address: Optional[str]) -> Any:
+    """A ``JobSubmissionClient`` for the head at ``address`` (checked within seconds)."""
+    url = dashboard_url(address)
+    probe(url)
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(url)
+    except AuthenticationError:
+        raise ClusterError(f"--address: the Ray head at {url} requires its token: set RAY_AUTH_MODE=token and "
+                           "RAY_AUTH_TOKEN (or copy the head's ~/.ray/auth_token)") from None
+    except ConnectionError as exc:
+        raise ClusterError(f"--address: Ray head unreachable at {url} ({exc})") from None
+
+
+def tracking_client(uri: Optional[str], fallback: Optional[str] = None) -> Any:
+    """An ``MlflowClient`` for ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else
+    ``fallback`` (the URI a job was submitted with); a server is checked within seconds."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or fallback
+    if not uri:
+        raise InputError("--tracking-uri: give the MLflow tracking URI (or set MLFLOW_TRACKING_URI)")
+    check_tracking_uri(uri, "--tracking-uri", timeout_s=PROBE_TIMEOUT_S)
+    # A server that dies later must not stall a client for MLflow's default minutes of retries.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    from mlflow.tracking import MlflowClient
+
+    from hpo.tracking_uri import use_credentials
+
+    return MlflowClient(tracking_uri=use_credentials(uri))
+
+
+def _job_info(client: Any, job_id: str, url: str) -> Any:
+    try:
+        return client.get_job_info(job_id)
+    except RuntimeError as exc:
+        if "404" in str(exc) or "does not exist" in str(exc):
+            raise ClusterError(f"JOB: no job {job_id!r} on the Ray cluster at {url}") from None
+        raise
+
+
+# ----------------------------------------------------------------------------- submit
+
+
+@dataclass
+class Submission:
+    job_id: str
+    experiment: str
+    experiment_id: Optional[str]
+    tracking_uri: str
+    output_dir: str
+    dashboard: str
+
+    def links(self) -> dict[str, str]:
+        mlflow_ui = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else None
+        return {"ray_dashboard": f"{self.dashboard}/#/jobs/{self.job_id}",
+                "mlflow_ui": (f"{mlflow_ui.rstrip('/')}/#/experiments/{self.experiment_id}" if mlflow_ui
+                              else f"mlflow ui --backend-store-uri {self.tracking_uri}")}
+
+
+def _storage(storage: Optional[str]) -> str:
+    storage = storage or os.environ.get("HPO_STORAGE")
+    if not storage:
+        raise InputError("--storage: give the directory on the cluster's shared storage the sweep writes to "
+                         "(or set HPO_STORAGE)")
+    if not storage.startswith("/") and "://" not in storage:
+        raise InputError(f"--storage: {storage}: give an absolute path as the cluster's nodes see it")
+    return storage.rstrip("/")
+
+
+def _job_files(config: Any, output_dir: str, tracking_uri: str, working_dir: Optional[str], root: Path) -> None:
+    """Lay out the job's working_dir in ``root``: a copy of ``working_dir`` (if any) plus
+    ``.hpo-job/sweep.yaml`` (the validated config, pointed at the cluster's output) and, for a
+    custom predictor, ``.hpo-job/predictor.json``."""
+    if working_dir:
+        shutil.copytree(working_dir, root, ignore=shutil.ignore_patterns(*IGNORED_IN_WORKING_DIR),
+                        dirs_exist_ok=True)
+    files = root / JOB_FILES
+    files.mkdir(parents=True, exist_ok=True)
+    resolved = config.model_dump(mode="json")
+    resolved["output_dir"] = output_dir
+    resolved["mlflow"]["tracking_uri"] = strip_credentials(tracking_uri)
+    if config.predictor:  # a file of the client's: it travels with the job
+        shutil.copyfile(config.predictor_path(), files / "predictor.json")
+        resolved["predictor"] = f"{JOB_FILES}/predictor.json"
+    (files / "sweep.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+
+
+def submit(config_arg: str, overrides: tuple[str, ...], *, address: Optional[str], tracking_uri: Optional[str],
+           storage: Optional[str], working_dir: Optional[str] = None) -> Submission:
+    """Validate on the client, then submit the sweep as a Ray Job (see the module docstring)."""
+    from hpo.data import sweep_config_path
+    from hpo.sweep import JOB_ID_ENV, preflight_portable
+    from hpo.sweep_config import load_sweep_config
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise InputError("--tracking-uri: give the MLflow tracking server the cluster logs to "
+                         "(or set MLFLOW_TRACKING_URI)")
+    if working_dir and not Path(working_dir).is_dir():
+        raise InputError(f"--working-dir: {working_dir}: not a directory")
+    out_root = _storage(storage)
+    # Exactly the validation of `hpo sweep`, before anything reaches the cluster.
+    config = load_sweep_config(sweep_config_path(config_arg),
+                               overrides=(*overrides, f"mlflow.tracking_uri={uri}"))
+    preflight_portable(config)
+    client = connect(address)
+    job_id = f"hpo-{config.name}-{uuid.uuid4().hex[:8]}"
+    output_dir = f"{out_root}/{job_id}"
+    mlflow_client = tracking_client(uri)
+    experiment = mlflow_client.get_experiment_by_name(config.mlflow.experiment)
+    experiment_id = (experiment.experiment_id if experiment is not None
+                     else mlflow_client.create_experiment(config.mlflow.experiment))
+    shown_uri = strip_credentials(uri)
+    with tempfile.TemporaryDirectory(prefix="hpo-job-") as tmp:
+        _job_files(config, output_dir, uri, working_dir, Path(tmp))
+        client.submit_job(
+            entrypoint=f"python -m hpo.cli sweep {JOB_FILES}/sweep.yaml",
+            submission_id=job_id,
+            runtime_env={"working_dir": tmp, "env_vars": {JOB_ID_ENV: job_id}},
+            metadata={METADATA_KEY: "sweep", "sweep": config.name, "experiment": config.mlflow.experiment,
+                      "tracking_uri": shown_uri, "output_dir": output_dir},
+        )
+    return Submission(job_id, config.mlflow.experiment, experiment_id, shown_uri, output_dir, dashboard_url(address))
+
+
+# ----------------------------------------------------------------------------- read state
+
+
+def last_error_line(logs: str) -> Optional[str]:
+    """The line of a failed job's log that says why: our CLI's ``error: ...`` line, else the
+    last line of a traceback, else the last non-empty line."""
+    lines = [line.strip() for line in logs.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error:"):
+            return line
+    return lines[-1] if lines else None
+
+
+def job_state(client: Any, job_id: str, url: str, tracking_uri: Optional[str]) -> dict[str, Any]:
+    """One job as ``status`` shows it: Ray's state, the error line of a failed job, and what
+    the sweep published on MLflow (progress per rung, compute used, the early answer)."""
+    from hpo.tracking import find_job_run, read_published
+
+    info = _job_info(client, job_id, url)
+    meta = info.metadata or {}
+    state: dict[str, Any] = {"job_id": job_id, "state": str(getattr(info.status, "value", info.status)),
+                             "sweep": meta.get("sweep"), "experiment": meta.get("experiment"),
+                             "output_dir": meta.get("output_dir"), "error": None, "published": None}
+    if state["state"] == "FAILED":
+        try:
+            state["error"] = last_error_line(client.get_job_logs(job_id)) or info.message
+        except Exception:  # noqa: BLE001 - the logs may be gone with their node; Ray's message stays
+            state["error"] = info.message
+    if meta.get("experiment"):
+        mlflow_client = tracking_client(tracking_uri, meta.get("tracking_uri"))
+        run = find_job_run(mlflow_client, meta["experiment"], job_id)
+        if run is not None:
+            state["published"] = read_published(mlflow_client, run)
+    return state
+
+
+def list_jobs(client: Any) -> list[Any]:
+    """The Ray jobs ``hpo submit`` made, oldest first."""
+    jobs = [j for j in client.list_jobs() if (j.metadata or {}).get(METADATA_KEY) and j.submission_id]
+    return sorted(jobs, key=lambda j: j.start_time or 0)
+
+
+def format_state(state: dict[str, Any]) -> str:
+    """``status`` lines of one job."""
+    from hpo.early_answer import format_early_answer
+
+    lines = [f"{state['job_id']}: {state['state']} (sweep {state['sweep']}, outputs {state['output_dir']})"]
+    if state.get("error"):
+        lines.append(f"  error: {state['error']}")
+    published = state.get("published")
+    if published is None:
+        lines.append("  MLflow: no parent run yet")
+        return "\n".join(lines)
+    lines.append(f"  MLflow run {published['run_id']} ({published['status']})")
+    progress = published.get("progress")
+    if progress:
+        for rung in progress["progress"]:
+            mark = "decided" if rung["decided"] else "waiting"
+            lines.append(f"  rung t̂ = {rung['fraction']:g} ({mark}): {rung['reached']} reached, {rung['alive']} alive, "
+                         f"{rung['stopped']} stopped, {rung['finished']} finished")
+        if progress.get("compute_fraction") is not None:
+            lines.append(f"  compute used: {100 * float(progress['compute_fraction']):.1f}% of the full sweep")
+    else:
+        lines.append("  no rung decided yet")
+    if published.get("stopped"):
+        stop = published["stopped"]
+        lines.append(f"  stopped by {stop.get('by')} at {stop.get('at')}")
+    if published.get("early_answer"):
+        from rich.text import Text
+
+        lines.append(Text.from_markup(format_early_answer(published["early_answer"])).plain.strip("\n"))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- answer, logs, stop
+
+
+def answer(job_id: str, *, address: Optional[str], tracking_uri: Optional[str], wait: bool,
+           timeout_s: Optional[float] = None, poll_s: float = 2.0,
+           on_wait: Callable[[dict[str, Any]], None] = lambda _: None) -> tuple[int, dict[str, Any]]:
+    """``(exit status, state)``: :data:`ANSWERED` once the early answer is published,
+    :data:`ENDED_WITHOUT_ANSWER` if the job ended without one, :data:`STILL_RUNNING` when not
+    waiting (or past ``timeout_s``) and there is none yet."""
+    client = connect(address)
+    url = dashboard_url(address)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        state = job_state(client, job_id, url, tracking_uri)
+        published = state.get("published") or {}
+        if published.get("early_answer"):
+            return ANSWERED, state
+        if state["state"] in TERMINAL_STATES:
+            return ENDED_WITHOUT_ANSWER, state
+        if not wait or (deadline is not None and time.monotonic() >= deadline):
+            return STILL_RUNNING, state
+        on_wait(state)
+        time.sleep(poll_s)
+
+
+def logs(job_id: str, *, address: Optional[str], follow: bool, write: Callable[[str], None]) -> None:
+    client = connect(address)
+    _job_info(client, job_id, dashboard_url(address))
+    if not follow:
+        write(client.get_job_logs(job_id))
+        return
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            write(chunk)
+
+    asyncio.run(tail())
+
+
+def stop(job_id: str, *, address: Optional[str], tracking_uri: Optional[str],
+         wait_s: float = 60.0) -> dict[str, Any]:
+    """Stop a running job and end its MLflow runs KILLED with the stop recorded. Returns
+    ``{"job_id", "state", "already_ended", "runs_killed"}``."""
+    from hpo.tracking import find_job_run, record_stop
+
+    client = connect(address)
+    url = dashboard_url(address)
+    info = _job_info(client, job_id, url)
+    status = str(getattr(info.status, "value", info.status))
+    if status in TERMINAL_STATES:
+        return {"job_id": job_id, "state": status, "already_ended": True, "runs_killed": 0}
+    client.stop_job(job_id)
+    deadline = time.monotonic() + wait_s
+    while status not in TERMINAL_STATES and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status = str(getattr(client.get_job_status(job_id), "value", client.get_job_status(job_id)))
+    meta = info.metadata or {}
+    killed = 0
+    if meta.get("experiment"):
+        mlflow_client = tracking_client(tracking_uri, meta.get("tracking_uri"))
+        run = find_job_run(mlflow_client, meta["experiment"], job_id)
+        if run is not None:
+            record = {"job_id": job_id, "by": f"{getpass.getuser()}@{socket.gethostname()}",
+                      "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "job_state": status}
+            killed = record_stop(mlflow_client, run.info.run_id, record)
+    return {"job_id": job_id, "state": status, "already_ended": False, "runs_killed": killed}
