@@ -146,6 +146,24 @@ def test_score_curves_reproduces_the_fit_and_scores_held_out_curves():
         score_curves(r.predictor, [])
 
 
+def test_score_curves_scores_the_reference_curves_a_predictor_draws():
+    # In reference-curve mode the predictor draws the calibrated runs' own normalised curves,
+    # so curves of a family the surrogate misses score near zero there, not the surrogate's MAE;
+    # the oracle (the surrogate shape, b and q free per curve) is the same yardstick in both modes.
+    import dataclasses
+
+    from predictors import score_curves
+    from predictors.references import ReferenceCurves
+
+    r = fit(make_curves(TRUE, noise=0.003, seed=4, n_points=300))
+    other = make_curves(SurrogateParams(0.5, -0.1, 1.0, -0.1), seed=5, n_points=300)
+    surrogate = score_curves(r.predictor, other)
+    with_refs = dataclasses.replace(r.predictor, references=ReferenceCurves.from_curves(other))
+    drawn = score_curves(with_refs, other)
+    assert drawn.curve_mae.mean() < 0.05 * surrogate.curve_mae.mean()
+    np.testing.assert_allclose(drawn.oracle_curve_mae, surrogate.oracle_curve_mae)
+
+
 # ----------------------------------------------------------------- degenerate banks (issue 10)
 
 
