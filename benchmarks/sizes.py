@@ -20,10 +20,18 @@ the predictor it writes predicts every held-out run:
 * ``oracle``: b and q free for each held-out curve (same m): the best the surrogate's shape
   can do (``predictors.fit.score_curves``), for the curve MAE only.
 
-Scores per method, over the held-out runs: the MAE of ℓ over t̂ ∈ [t_min, 1] (surrogate-based
-methods; the fit's own scorer), its ratio to the oracle, the mean |relative error| of the
-final loss predicted from the first s of each curve (the rung cut, ``hpo.held_out.predict_at``),
-and the share of true finals inside the predictor's stated ±2σ.
+Scores per method, over the held-out runs: the MAE of ℓ over t̂ ∈ [t_min, 1] of the curve the
+predictor draws for each run (``predictors.fit.score_curves``: the surrogate, or the reference
+curves where they match), its ratio to the oracle, the mean |relative error| of the final loss
+predicted from the first s of each curve (the rung cut, ``hpo.held_out.predict_at``), the share
+of true finals inside the predictor's stated ±2σ, and that ±2σ itself (mean, relative to the
+final: a wide enough interval covers anything, so the two are read together).
+
+Extrapolation by distance: besides the headline split (the ``--held`` largest widths held out),
+every split of the ladder into the k smallest widths (calibration) and the rest (predicted) is
+run, k = 2 … n − 1 (``--splits``), and each predicted run is binned by how far beyond the
+largest calibrated size it is (N / N_max: ≤ 2×, 2–4×, > 4×). Runs of several splits are
+counted once per split: a width 2.2× beyond one calibration is 1.3× beyond the next.
 
 Targets (issue 15): at or below the nearest-width rule at every s, and a curve MAE ≤ 1.5× the
 oracle; ±2σ covering ≥ 90% when predicting 2–4× beyond the largest calibrated size.
@@ -31,7 +39,7 @@ oracle; ±2σ covering ≥ 90% when predicting 2–4× beyond the largest calibr
 Run::
 
     python benchmarks/sizes.py [--config configs/calibration/width_ladder.yaml] [--held 2]
-        [--md benchmarks/sizes.md]
+        [--splits K ...] [--md benchmarks/sizes.md]
 """
 
 from __future__ import annotations
@@ -68,7 +76,6 @@ METHODS = (
     ("chosen by leave-one-size-out (what hpo calibrate ships)", "choose"),
     ("nearest width (reference curves, held)", "reference curves"),
 )
-SURROGATE_BASED = {"surrogate", "size term"}
 
 
 def ladder_curves(config_path: str) -> list[Curve]:
@@ -84,6 +91,7 @@ def score_method(predictor: Predictor, held: Sequence[Curve]) -> dict[str, Any]:
     """Mean |relative error| of the final and ±2σ coverage at each s, over ``held``."""
     errors: dict[float, list[float]] = {s: [] for s in FRACTIONS}
     covered: dict[float, list[bool]] = {s: [] for s in FRACTIONS}
+    stated: dict[float, list[float]] = {s: [] for s in FRACTIONS}
     for curve in held:
         for s in FRACTIONS:
             pred = predict_at(predictor, curve, s)
@@ -91,16 +99,70 @@ def score_method(predictor: Predictor, held: Sequence[Curve]) -> dict[str, Any]:
                 continue
             errors[s].append(pred.final_loss / curve.final_loss - 1.0)
             covered[s].append(abs(pred.final_loss - curve.final_loss) <= 2.0 * pred.uncertainty)
-    return {"mean_abs": {s: float(np.mean(np.abs(v))) if v else math.nan for s, v in errors.items()},
-            "bias": {s: float(np.mean(v)) if v else math.nan for s, v in errors.items()},
-            "coverage": {s: float(np.mean(v)) if v else math.nan for s, v in covered.items()},
-            "n": {s: len(v) for s, v in errors.items()}}
+            stated[s].append(2.0 * pred.uncertainty / curve.final_loss)
+
+    def mean(values: dict[float, list[float]], f: Any = lambda v: v) -> dict[float, float]:
+        return {s: float(np.mean(f(np.asarray(v, dtype=float)))) if v else math.nan for s, v in values.items()}
+
+    return {"mean_abs": mean(errors, np.abs), "bias": mean(errors), "coverage": mean(covered),
+            "two_sigma": mean(stated), "n": {s: len(v) for s, v in errors.items()}}
+
+
+def calibrate(config: Any, calib: Sequence[Curve], method: str, source: str) -> Predictor:
+    """The predictor ``hpo calibrate`` writes for ``calib`` with ``size_method = method``."""
+    settings = config.fit.model_copy(update={"size_method": method, "compare_fixed_m": False,
+                                             "ranking_error": False})
+    with tempfile.TemporaryDirectory() as tmp:
+        fit_and_report(calib, settings, Path(tmp) / "p.json", Path(tmp) / "out",
+                       provenance={"calibration": "sizes benchmark"}, source=source)
+        return Predictor.load(Path(tmp) / "p.json")
+
+
+#: Distance bins of a predicted width: N / (largest calibrated N).
+BINS = (("≤ 2×", 0.0, 2.0), ("2–4×", 2.0, 4.0 + 1e-9), ("> 4×", 4.0 + 1e-9, math.inf))
+
+
+def by_distance(config: Any, curves: Sequence[Curve], sizes: Sequence[float], splits: Sequence[int],
+                source: str, started: float) -> dict[str, dict[str, Any]]:
+    """Per method and distance bin, the scores of every run predicted over the ``splits``
+    (calibrate on the k smallest widths, predict the others)."""
+    scored: dict[str, dict[str, list[dict[str, Any]]]] = {label: {b: [] for b, _, _ in BINS} for label, _ in METHODS}
+    for k in splits:
+        calib = [c for c in curves if curve_size(c) in sizes[:k]]
+        largest = sizes[k - 1]
+        for label, method in METHODS:
+            predictor = calibrate(config, calib, method, source)
+            for name, lo, hi in BINS:
+                held = [c for c in curves if curve_size(c) in sizes[k:] and lo < curve_size(c) / largest <= hi]
+                if held:
+                    scored[label][name].append({"curves": held, "scores": score_method(predictor, held)})
+        print(f"  split: calibrated on the {k} smallest widths [{time.monotonic() - started:.0f} s]", flush=True)
+    out: dict[str, dict[str, Any]] = {}
+    for label, bins in scored.items():
+        out[label] = {}
+        for name, parts in bins.items():
+            if not parts:
+                continue
+            # Pool the splits' runs: weight each split's means by its number of predictions.
+            merged: dict[str, dict[float, float]] = {}
+            for key in ("mean_abs", "coverage", "two_sigma"):
+                merged[key] = {}
+                for s in FRACTIONS:
+                    pairs = [(p["scores"][key][s], p["scores"]["n"][s]) for p in parts if p["scores"]["n"][s]]
+                    total = sum(n for _, n in pairs)
+                    merged[key][s] = sum(v * n for v, n in pairs) / total if total else math.nan
+            merged["n"] = {s: sum(p["scores"]["n"][s] for p in parts) for s in FRACTIONS}
+            out[label][name] = merged
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/calibration/width_ladder.yaml")
     p.add_argument("--held", type=int, default=2, help="how many of the largest widths to hold out")
+    p.add_argument("--splits", type=int, nargs="+",
+                   help="calibrate on the k smallest widths for each k given (default: every k from 2 to "
+                        "n − 1; the headline split n − held is always run)")
     p.add_argument("--md", default="benchmarks/sizes.md")
     args = p.parse_args(argv)
     started = time.monotonic()
@@ -119,24 +181,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     oracle_mae = math.nan
     results: dict[str, dict[str, Any]] = {}
     for label, method in METHODS:
-        settings = config.fit.model_copy(update={"size_method": method, "compare_fixed_m": False,
-                                                 "ranking_error": False})
-        with tempfile.TemporaryDirectory() as tmp:
-            fit_and_report(calib, settings, Path(tmp) / "p.json", Path(tmp) / "out",
-                           provenance={"calibration": "sizes benchmark"}, source=args.config)
-            predictor = Predictor.load(Path(tmp) / "p.json")
+        predictor = calibrate(config, calib, method, args.config)
         scored = score_method(predictor, held)
-        mae = ratio = math.nan
-        if method in SURROGATE_BASED:
-            scores = score_curves(predictor, held, t_min=settings.t_min)
-            mae = float(np.mean(scores.curve_mae))
+        # The curve the predictor draws for each held-out run (reference curves included).
+        scores = score_curves(predictor, held, t_min=config.fit.t_min)
+        mae = float(np.mean(scores.curve_mae))
+        if method == "size term":  # the oracle: b, q free per curve with the size-term fit's m(N)
             oracle_mae = float(np.mean(scores.oracle_curve_mae))
-            ratio = mae / oracle_mae if oracle_mae > 0 else math.inf
-        scored.update(mae=mae, ratio=ratio, size_method=predictor.size_method,
+        scored.update(mae=mae, size_method=predictor.size_method,
                       per_size={n: score_method(predictor, [c for c in held if curve_size(c) == n])
                                 for n in held_sizes})
         results[label] = scored
         print(f"  {label}: done [{time.monotonic() - started:.0f} s]", flush=True)
+    for r in results.values():
+        r["ratio"] = r["mae"] / oracle_mae if oracle_mae > 0 else math.inf
+    splits = sorted(set(args.splits or range(2, len(sizes))) | {len(sizes) - args.held})
+    distance = by_distance(config, curves, sizes, splits, args.config, started)
 
     def pct(v: float) -> str:
         return "n/a" if not math.isfinite(v) else f"{100 * v:.2f}%"
@@ -152,20 +212,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      " / ".join(pct(r["mean_abs"][s]) for s in FRACTIONS),
                      " / ".join(f"{100 * r['bias'][s]:+.2f}%" for s in FRACTIONS),
                      " / ".join(pct(r["coverage"][s]) for s in FRACTIONS),
+                     " / ".join(pct(r["two_sigma"][s]) for s in FRACTIONS),
                      "yes" if beats else "no"])
-    rows.append(["oracle (b, q free per curve; m of the size-term fit)", pct(oracle_mae), "1.00×", "", "", "", ""])
+    rows.append(["oracle (b, q free per curve; m of the size-term fit)", pct(oracle_mae), "1.00×", "", "", "", "", ""])
     fr = " / ".join(f"{s:g}" for s in FRACTIONS)
     table = markdown_table(["method", "curve MAE", "× oracle (target ≤ 1.5×)", f"mean |err| of final, s = {fr}",
-                            f"bias, s = {fr}", f"±2σ coverage, s = {fr}", "≤ nearest width at every s"], rows)
+                            f"bias, s = {fr}", f"±2σ coverage, s = {fr}", f"stated ±2σ (mean), s = {fr}",
+                            "≤ nearest width at every s"], rows)
     size_rows = []
     for label, _ in METHODS:
         for n in held_sizes:
             r = results[label]["per_size"][n]
             size_rows.append([label if n == held_sizes[0] else "", f"{n:,.0f} ({n / max(s for s in sizes if s not in held_sizes):.1f}×)",
                               " / ".join(pct(r["mean_abs"][s]) for s in FRACTIONS),
-                              " / ".join(pct(r["coverage"][s]) for s in FRACTIONS)])
+                              " / ".join(pct(r["coverage"][s]) for s in FRACTIONS),
+                              " / ".join(pct(r["two_sigma"][s]) for s in FRACTIONS)])
     per_size_table = markdown_table(["method", "held-out N (× largest calibrated)", f"mean |err| of final, s = {fr}",
-                                     f"±2σ coverage, s = {fr}"], size_rows)
+                                     f"±2σ coverage, s = {fr}", f"stated ±2σ (mean), s = {fr}"], size_rows)
+    distance_rows = []
+    for label, _ in METHODS:
+        for i, (name, _, _) in enumerate(b for b in BINS if b[0] in distance[label]):
+            r = distance[label][name]
+            distance_rows.append([label if i == 0 else "", name, str(max(r["n"].values())),
+                                  " / ".join(pct(r["mean_abs"][s]) for s in FRACTIONS),
+                                  " / ".join(pct(r["coverage"][s]) for s in FRACTIONS),
+                                  " / ".join(pct(r["two_sigma"][s]) for s in FRACTIONS)])
+    distance_table = markdown_table(["method", "N / largest calibrated N", "predictions per s",
+                                     f"mean |err| of final, s = {fr}", f"±2σ coverage, s = {fr}",
+                                     f"stated ±2σ (mean), s = {fr}"], distance_rows)
+    split_text = ", ".join(f"{k} ({', '.join(f'{n:,.0f}' for n in sizes[:k])})" for k in splits)
     widths = sorted({(int(c.meta.get('d_model', 0)), curve_size(c)) for c in curves})
     planned = sorted({int(r.get("model", {}).get("d_model", 0)) for r in config.runs()})
     missing = [d for d in planned if d not in {w for w, _ in widths}]
@@ -183,7 +258,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table, "",
         "Per held-out width (each row: that width's runs only; the distance-aware error states a larger ±2σ for "
         "the farther width):", "",
-        per_size_table, ""])
+        per_size_table, "",
+        "## Coverage by distance beyond the calibrated sizes", "",
+        f"Every split of the ladder into the k smallest widths (calibration) and the larger ones (predicted), "
+        f"k = {split_text}; each predicted run binned by N / the largest calibrated N. A run predicted from "
+        "several splits counts once per split. Target: ±2σ covers ≥ 90% at 2–4×.", "",
+        distance_table, ""])
     atomic_write_text(args.md, text)
     print(table)
     print(f"wrote {args.md} ({time.monotonic() - started:.0f} s)")
