@@ -9,14 +9,21 @@ so drawing is safe in a headless process and inside Ray's driver). They draw wha
   mode, or every trial finished);
 * :func:`plot_rung_predictions` what is known without audit: each trial's predicted final
   ±1σ at each rung, and whether it was kept or stopped there.
+
+Up to :data:`LEGEND_MAX` trials each gets a colour and a legend entry (or a direct label). A
+larger sweep would bury its curves under the legend, so its trials are coloured by the searched
+value that varies most (a colour bar says which), and only the finished trials (a few, after
+early stopping) are named: in the legend, or directly at the right edge (:func:`trial_palette`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -26,6 +33,9 @@ from hpo.analysis import clean_history, controls_of, is_diverged
 from hpo.scheduler_state import TrialRecord
 from predictors import equations
 from predictors.io import atomic_write_with
+
+#: Most trials drawn with a legend entry each; more are coloured by a searched value (colour bar).
+LEGEND_MAX = 12
 
 RULE_STYLE = {
     "predicted_best": {"label": "predicted-best", "color": "tab:blue", "marker": "o"},
@@ -44,6 +54,78 @@ def _colors(n: int) -> list[Any]:
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
     return [cmap(i % cmap.N) for i in range(max(n, 1))]
+
+
+@dataclass
+class Palette:
+    """Trial colours: one per trial (``key`` None: a legend names them), or by the value of
+    config ``key`` through ``mappable`` (many trials: a colour bar names them)."""
+
+    colors: dict[str, Any]
+    key: Optional[str] = None
+    mappable: Any = None
+
+    @property
+    def by_value(self) -> bool:
+        return self.key is not None
+
+
+def _numeric(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def trial_palette(configs: Mapping[str, Mapping[str, Any]]) -> Palette:
+    """Colours for the trials ``{trial_id: config}`` (see the module docstring): up to
+    :data:`LEGEND_MAX` trials a qualitative colour each; more, a colour map over the numeric
+    config key whose values spread most (in log when all are positive), e.g. ``lr``."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import ListedColormap, LogNorm, Normalize
+
+    ids = list(configs)
+    if len(ids) <= LEGEND_MAX:
+        return Palette(dict(zip(ids, _colors(len(ids)))))
+    best: Optional[tuple[float, str, dict[str, float]]] = None
+    for key in sorted({k for c in configs.values() for k in (c or {})}):
+        values = {tid: _numeric((configs[tid] or {}).get(key)) for tid in ids}
+        if any(v is None for v in values.values()):
+            continue
+        vals = np.array(list(values.values()), dtype=float)
+        if np.ptp(vals) == 0:
+            continue
+        spread = (float(np.log(vals.max() / vals.min())) if np.all(vals > 0)
+                  else float(np.ptp(vals) / max(np.abs(vals).max(), 1e-300)))
+        if best is None or spread > best[0]:
+            best = (spread, key, values)  # type: ignore[assignment]
+    # Viridis without its last 10%: the bright yellow end is hard to read on white.
+    cmap = ListedColormap(colormaps["viridis"](np.linspace(0.0, 0.9, 256)))
+    if best is None:  # nothing numeric varies: colour by order, no colour bar
+        return Palette({tid: cmap(i / max(len(ids) - 1, 1)) for i, tid in enumerate(ids)})
+    _, key, values = best
+    vals = np.array(list(values.values()), dtype=float)
+    norm = (LogNorm(vals.min(), vals.max()) if np.all(vals > 0) and vals.max() / vals.min() >= 3
+            else Normalize(vals.min(), vals.max()))
+    return Palette({tid: cmap(float(norm(v))) for tid, v in values.items()}, key,
+                   ScalarMappable(norm=norm, cmap=cmap))
+
+
+def _color_bar(fig: Figure, ax: Any, palette: Palette) -> None:
+    if palette.by_value:
+        bar = fig.colorbar(palette.mappable, ax=ax, pad=0.01, fraction=0.04)
+        bar.set_label(f"{palette.key} (trial colour)", fontsize=8)
+        bar.ax.tick_params(labelsize=7)
+
+
+def _spread(ys: Sequence[float], min_gap: float) -> list[float]:
+    """``ys`` moved apart (in their order) so that neighbours are at least ``min_gap`` apart:
+    direct labels that would overlap are stacked instead."""
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    out = list(ys)
+    for prev, cur in zip(order, order[1:]):
+        out[cur] = max(out[cur], out[prev] + min_gap)
+    return out
 
 
 def _legend(ax: Any, n: int) -> None:
@@ -83,22 +165,27 @@ def plot_curves(trials: Sequence[TrialRecord], labels: dict[str, str], rungs: Se
     """Smoothed loss vs t̂ per trial; stopped trials end at their rung (×), diverged ones are
     dotted and end in a red ×; rungs are vertical lines."""
     fig, ax = _figure()
-    colors = _colors(len(trials))
+    palette = trial_palette({rec.trial_id: rec.config for rec in trials})
     ys: list[np.ndarray] = []
-    drawn = 0
-    for color, rec in zip(colors, trials):
+    drawn = finished = 0
+    for rec in trials:
         t, y = clean_history(rec.history)
         if len(t) == 0:
             continue
+        color = palette.colors[rec.trial_id]
         diverged = is_diverged(rec)
         label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
         if diverged:
             label += " (diverged)"
         elif rec.status == "stopped" and rec.stopped_at is not None:
             label += f" (stopped at {rec.stopped_at:g})"
-        ax.plot(t, y, color=color, lw=1.3, ls=":" if diverged else "-", label=label)
+        named = not palette.by_value or (rec.status == "completed" and finished < LEGEND_MAX)
+        finished += rec.status == "completed"
+        ax.plot(t, y, color=color, lw=1.0 if palette.by_value else 1.3, ls=":" if diverged else "-",
+                label=label if named else None)
         if diverged or rec.status == "stopped":
-            ax.plot(t[-1], y[-1], marker="x", color="red" if diverged else color, ms=7, mew=2)
+            ax.plot(t[-1], y[-1], marker="x", color="red" if diverged else color, ms=7 if not palette.by_value else 5,
+                    mew=2 if not palette.by_value else 1.2)
         ys.append(y[t >= 0.02] if np.any(t >= 0.02) else y)
         drawn += 1
     for i, r in enumerate(rungs):
@@ -111,7 +198,10 @@ def plot_curves(trials: Sequence[TrialRecord], labels: dict[str, str], rungs: Se
     _robust_ylim(ax, ys)
     if drawn == 0:
         ax.text(0.5, 0.5, "no trial has reported yet", ha="center", va="center", transform=ax.transAxes)
-    _legend(ax, len(trials))
+    if palette.by_value:
+        ax.set_title(f"Loss curves ({drawn} of {len(trials)} trials with data; × stopped; finished ones named)")
+    _color_bar(fig, ax, palette)
+    _legend(ax, min(finished, LEGEND_MAX) + 1 if palette.by_value else len(trials))
     return _save(fig, path)
 
 
@@ -125,10 +215,10 @@ def plot_normalized(
     """Each curve divided by its final loss (solid) or by its latest predicted final loss
     (thin); ℓ̂ of each distinct controls dashed (when a predictor is given)."""
     fig, ax = _figure()
-    colors = _colors(len(trials))
-    color_of = {rec.trial_id: c for c, rec in zip(colors, trials)}
+    palette = trial_palette({rec.trial_id: rec.config for rec in trials})
+    color_of = palette.colors
     ys: list[np.ndarray] = []
-    drawn = 0
+    drawn = finished = 0
     for rec in trials:
         t, y = clean_history(rec.history)
         if len(t) == 0 or rec.trial_id not in divisors:
@@ -139,8 +229,10 @@ def plot_normalized(
         ell = equations.normalized_loss(y, div)
         # Finished trials solid; stopped or running ones (÷ their predicted final) dotted, so
         # the two can be told apart at any line width.
+        named = not palette.by_value or (kind == "final" and finished < LEGEND_MAX)
+        finished += kind == "final"
         ax.plot(t, ell, color=color_of[rec.trial_id], lw=1.3 if kind == "final" else 1.1,
-                ls="-" if kind == "final" else ":", label=label)
+                ls="-" if kind == "final" else ":", label=label if named else None)
         ys.append(ell[t >= 0.05] if np.any(t >= 0.05) else ell)
         drawn += 1
 
@@ -168,7 +260,11 @@ def plot_normalized(
             desc = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in c.items() if k in ("tau", "tokens_per_param", "schedule"))
             color = color_of[recs[0].trial_id] if len(recs) == 1 else "black"
-            ax.plot(grid, ell, ls="--", lw=1.1, color=color, label=f"ℓ̂ ({desc})")
+            if palette.by_value:  # many trials: one legend entry for every ℓ̂
+                label = "ℓ̂ of each trial's controls (dashed)" if n_overlay == 0 else None
+            else:
+                label = f"ℓ̂ ({desc})"
+            ax.plot(grid, ell, ls="--", lw=1.1, color=color, label=label)
             n_overlay += 1
     ax.axhline(1.0, color="0.5", lw=0.6)
     ax.set_xlim(0.0, 1.0)
@@ -183,7 +279,10 @@ def plot_normalized(
     if drawn == 0:
         ax.text(0.5, 0.5, "no curve with a known or predicted final loss", ha="center", va="center",
                 transform=ax.transAxes)
-    _legend(ax, drawn + n_overlay)
+    if palette.by_value:  # the line styles, since the trials have no legend entries
+        ax.plot([], [], color="0.3", lw=1.1, ls=":", label="stopped or running (÷ predicted final)")
+    _color_bar(fig, ax, palette)
+    _legend(ax, min(finished, LEGEND_MAX) + 2 if palette.by_value else drawn + n_overlay)
     return _save(fig, path)
 
 
@@ -237,13 +336,16 @@ def plot_regret(curve: Sequence[dict[str, Any]], rung_rows: Sequence[dict[str, A
 
 
 def plot_rung_predictions(rungs: Sequence[Any], labels: dict[str, str], finals: dict[str, float], path: Path,
-                          reason: Optional[str] = None) -> Path:
+                          reason: Optional[str] = None,
+                          configs: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Path:
     """Each trial's predicted final loss ±1σ at each rung (the decision log), filled where the
     rung kept it and hollow where it stopped it (or would have, in audit), and the true final
-    of every trial that finished at t̂ = 1: what a sweep shows without audit."""
+    of every trial that finished at t̂ = 1: what a sweep shows without audit. ``configs``
+    (trial id → config) colour a large sweep by its searched value (:func:`trial_palette`)."""
     fig, ax = _figure(9.0, 5.5)
     ids = sorted({tid for rung in rungs for tid in rung.entries}, key=lambda t: (labels.get(t, ""), t))
-    colors = dict(zip(ids, _colors(len(ids))))
+    palette = trial_palette({tid: (configs or {}).get(tid) or {} for tid in ids})
+    colors = palette.colors
     spread = 0.03 / max(len(ids), 1)
     drawn = 0
     for k, tid in enumerate(ids):
@@ -263,14 +365,19 @@ def plot_rung_predictions(rungs: Sequence[Any], labels: dict[str, str], finals: 
         _message(ax, "No rung has predicted a trial yet" + (f":\n{reason}" if reason else ""))
         ax.set_title("Predicted final loss at each rung")
         return _save(fig, path)
-    # Direct labels at the right edge (one per trial) instead of a legend beside the axes.
+    # Direct labels at the right edge (one per trial; with many trials, the finished ones, and
+    # the colour bar for the rest) instead of a legend beside the axes; stacked, never overlapping.
+    placed: list[tuple[str, float]] = []
     for tid in ids:
         last = [(r.fraction, r.entries[tid].predicted_final_loss) for r in rungs
                 if tid in r.entries and r.entries[tid].predicted_final_loss is not None]
-        if last:
-            y = finals.get(tid, last[-1][1])
-            ax.annotate(labels.get(tid) or tid, (1.0, y), xytext=(8, 0), textcoords="offset points",
-                        fontsize=7, color=colors[tid], va="center", annotation_clip=False)
+        if last and (not palette.by_value or tid in finals):
+            placed.append((tid, finals.get(tid, last[-1][1])))
+    low, high = ax.get_ylim()
+    for (tid, _), y in zip(placed, _spread([y for _, y in placed], 0.03 * (high - low))):
+        ax.annotate(labels.get(tid) or tid, (1.0, y), xytext=(8, 0), textcoords="offset points",
+                    fontsize=7, color=colors[tid], va="center", annotation_clip=False)
+    _color_bar(fig, ax, palette)
     from matplotlib.lines import Line2D
 
     key = [Line2D([], [], marker="o", color="0.3", ls="none", label="kept at the rung (±1σ)"),

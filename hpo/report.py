@@ -73,7 +73,7 @@ def _write_plots(analysis: Analysis, out: Path) -> None:
                   (lambda p: plot_rung_predictions(
                       analysis.state.rungs, labels,
                       {rec.trial_id: f for rec in trials if (f := final_loss(rec)) is not None}, p,
-                      reason=regret_reason)),
+                      reason=regret_reason, configs={rec.trial_id: rec.config for rec in trials})),
     }
     for name, job in jobs.items():
         path = out / f"{name}.png"

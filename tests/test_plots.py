@@ -31,3 +31,31 @@ def test_default_sweep_figure_shows_rung_predictions_and_decisions(tmp_path: Pat
     assert width <= 2000 and height <= 1200
     assert drawn.read_bytes() != empty.read_bytes()
     assert drawn.stat().st_size > 1.3 * empty.stat().st_size  # points, bars and labels, not one sentence
+
+
+def test_a_large_sweep_is_coloured_by_its_searched_value_not_a_legend_per_trial(tmp_path: Path) -> None:
+    # 30 trials would need 30 legend entries over the curves: they are coloured by the searched
+    # value that spreads most (lr, in log; batch_size is fixed), with a colour bar; a small sweep
+    # keeps one distinct colour and legend entry per trial.
+    import numpy as np
+
+    from hpo.plots import LEGEND_MAX, plot_curves, trial_palette
+    from hpo.scheduler_state import TrialRecord
+
+    lrs = np.geomspace(1e-3, 0.3, 30)
+    configs = {f"t{i:02d}": {"lr": float(lr), "batch_size": 32, "schedule": "linear"} for i, lr in enumerate(lrs)}
+    palette = trial_palette(configs)
+    assert palette.by_value and palette.key == "lr" and palette.mappable is not None
+    # Colour follows lr monotonically (viridis: the green channel rises with the value).
+    greens = [palette.colors[f"t{i:02d}"][1] for i in range(30)]
+    assert all(a < b for a, b in zip(greens, greens[1:]))
+    small = trial_palette({k: configs[k] for k in list(configs)[:LEGEND_MAX]})
+    assert not small.by_value and len({tuple(c) for c in small.colors.values()}) == LEGEND_MAX
+
+    t = np.linspace(0.01, 1.0, 50)
+    trials = [TrialRecord(trial_id=tid, order=i, config=cfg, status="completed" if i == 15 else "stopped",
+                          stopped_at=None if i == 15 else 0.1, history=[[a, 2.0 + 1.0 / (a * 10 + 1)] for a in t])
+              for i, (tid, cfg) in enumerate(configs.items())]
+    drawn = plot_curves(trials, {tid: f"lr={c['lr']:.3g}" for tid, c in configs.items()}, [0.1], tmp_path / "c.png")
+    width, height = Image.open(drawn).size
+    assert width <= 2000 and height <= 1200
