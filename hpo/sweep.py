@@ -325,6 +325,11 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     # The sweep prints where its records are once, at start and in the summary; MLflow's own
     # "View run ... at" line for every run it ends (an http server) would bury the rung lines.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # Every rung pauses its survivors with a checkpoint, and Ray forces an experiment snapshot
+    # after num_to_keep of them (so that a resume finds them): by design, several in a few
+    # seconds on short trials. Ray's "excessive sync" warning about it is noise here; its
+    # warning for a *slow* snapshot (TUNE_WARN_SLOW_..., 30 s) stays on.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     _init_ray(config, address, tracking_uri)
     if restore:
         _relocate(config, output, created_in or output)
