@@ -167,8 +167,11 @@ def _storage(storage: Optional[str]) -> str:
     if not storage:
         raise InputError("--storage: give the directory on the cluster's shared storage the sweep writes to "
                          "(or set HPO_STORAGE)")
-    if not storage.startswith("/") and "://" not in storage:
-        raise InputError(f"--storage: {storage}: give an absolute path as the cluster's nodes see it")
+    if not storage.startswith("/"):
+        # The sweep's output_dir is a directory (state file, SQLite store, report), so a URI
+        # (s3://...) is no place for it: a shared mount is.
+        raise InputError(f"--storage: {storage}: give an absolute path on storage every node mounts, as the "
+                         "nodes see it (e.g. /shared/sweeps)")
     return storage.rstrip("/")
 
 
@@ -357,7 +360,8 @@ def stop(job_id: str, *, address: Optional[str], tracking_uri: Optional[str],
     deadline = time.monotonic() + wait_s
     while status not in TERMINAL_STATES and time.monotonic() < deadline:
         time.sleep(0.5)
-        status = str(getattr(client.get_job_status(job_id), "value", client.get_job_status(job_id)))
+        now = client.get_job_status(job_id)
+        status = str(getattr(now, "value", now))
     meta = info.metadata or {}
     killed = 0
     if meta.get("experiment"):

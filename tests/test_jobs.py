@@ -123,6 +123,14 @@ def test_address_forms_and_the_error_line_of_a_failed_job() -> None:
     assert last_error_line("") is None
 
 
+def test_storage_must_be_an_absolute_path_the_nodes_mount(tmp_path: Path) -> None:
+    # Checked before anything else is contacted: exit 2, one line naming the option.
+    for storage in ("relative/dir", "s3://bucket/sweeps"):
+        run = hpo("submit", "quickstart", "--storage", storage, "--address", "http://127.0.0.1:9",
+                  "--tracking-uri", "http://127.0.0.1:9")
+        assert run.returncode == 2 and run.stderr.strip().startswith("error: --storage:"), run.stderr
+
+
 def test_the_job_working_dir_carries_the_validated_config_and_a_custom_predictor(tmp_path: Path) -> None:
     import yaml
 
