@@ -87,25 +87,33 @@ def ladder_curves(config_path: str) -> list[Curve]:
     return list(bank_curves(frame))
 
 
-def score_method(predictor: Predictor, held: Sequence[Curve]) -> dict[str, Any]:
-    """Mean |relative error| of the final and ±2σ coverage at each s, over ``held``."""
-    errors: dict[float, list[float]] = {s: [] for s in FRACTIONS}
-    covered: dict[float, list[bool]] = {s: [] for s in FRACTIONS}
-    stated: dict[float, list[float]] = {s: [] for s in FRACTIONS}
+def predictions(predictor: Predictor, held: Sequence[Curve]) -> dict[float, list[tuple[float, bool, float]]]:
+    """Per s, one (relative error of the final, inside the stated ±2σ, stated ±2σ relative to the
+    final) for each run of ``held`` the predictor predicts from its first s."""
+    out: dict[float, list[tuple[float, bool, float]]] = {s: [] for s in FRACTIONS}
     for curve in held:
         for s in FRACTIONS:
             pred = predict_at(predictor, curve, s)
-            if pred is None:
-                continue
-            errors[s].append(pred.final_loss / curve.final_loss - 1.0)
-            covered[s].append(abs(pred.final_loss - curve.final_loss) <= 2.0 * pred.uncertainty)
-            stated[s].append(2.0 * pred.uncertainty / curve.final_loss)
+            if pred is not None:
+                out[s].append((pred.final_loss / curve.final_loss - 1.0,
+                               abs(pred.final_loss - curve.final_loss) <= 2.0 * pred.uncertainty,
+                               2.0 * pred.uncertainty / curve.final_loss))
+    return out
 
-    def mean(values: dict[float, list[float]], f: Any = lambda v: v) -> dict[float, float]:
-        return {s: float(np.mean(f(np.asarray(v, dtype=float)))) if v else math.nan for s, v in values.items()}
 
-    return {"mean_abs": mean(errors, np.abs), "bias": mean(errors), "coverage": mean(covered),
-            "two_sigma": mean(stated), "n": {s: len(v) for s, v in errors.items()}}
+def summarise(records: dict[float, list[tuple[float, bool, float]]]) -> dict[str, Any]:
+    """Mean |error|, bias, ±2σ coverage and mean stated ±2σ at each s, and how many predictions."""
+
+    def mean(f: Any) -> dict[float, float]:
+        return {s: float(np.mean([f(r) for r in v])) if v else math.nan for s, v in records.items()}
+
+    return {"mean_abs": mean(lambda r: abs(r[0])), "bias": mean(lambda r: r[0]), "coverage": mean(lambda r: r[1]),
+            "two_sigma": mean(lambda r: r[2]), "n": {s: len(v) for s, v in records.items()}}
+
+
+def score_method(predictor: Predictor, held: Sequence[Curve]) -> dict[str, Any]:
+    """:func:`summarise` of the predictions of ``held``."""
+    return summarise(predictions(predictor, held))
 
 
 def calibrate(config: Any, calib: Sequence[Curve], method: str, source: str) -> Predictor:
@@ -122,38 +130,20 @@ def calibrate(config: Any, calib: Sequence[Curve], method: str, source: str) -> 
 BINS = (("≤ 2×", 0.0, 2.0), ("2–4×", 2.0, 4.0 + 1e-9), ("> 4×", 4.0 + 1e-9, math.inf))
 
 
-def by_distance(config: Any, curves: Sequence[Curve], sizes: Sequence[float], splits: Sequence[int],
-                source: str, started: float) -> dict[str, dict[str, Any]]:
-    """Per method and distance bin, the scores of every run predicted over the ``splits``
-    (calibrate on the k smallest widths, predict the others)."""
-    scored: dict[str, dict[str, list[dict[str, Any]]]] = {label: {b: [] for b, _, _ in BINS} for label, _ in METHODS}
-    for k in splits:
-        calib = [c for c in curves if curve_size(c) in sizes[:k]]
-        largest = sizes[k - 1]
-        for label, method in METHODS:
-            predictor = calibrate(config, calib, method, source)
+def by_distance(fitted: dict[int, dict[str, Predictor]], curves: Sequence[Curve],
+                sizes: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """Per method and distance bin, :func:`summarise` of every prediction made by the split
+    predictors ``fitted[k][label]`` (calibrated on the k smallest widths) of the larger widths."""
+    pooled: dict[str, dict[str, dict[float, list[Any]]]] = {
+        label: {b: {s: [] for s in FRACTIONS} for b, _, _ in BINS} for label, _ in METHODS}
+    for k, by_label in fitted.items():
+        for label, predictor in by_label.items():
             for name, lo, hi in BINS:
-                held = [c for c in curves if curve_size(c) in sizes[k:] and lo < curve_size(c) / largest <= hi]
-                if held:
-                    scored[label][name].append({"curves": held, "scores": score_method(predictor, held)})
-        print(f"  split: calibrated on the {k} smallest widths [{time.monotonic() - started:.0f} s]", flush=True)
-    out: dict[str, dict[str, Any]] = {}
-    for label, bins in scored.items():
-        out[label] = {}
-        for name, parts in bins.items():
-            if not parts:
-                continue
-            # Pool the splits' runs: weight each split's means by its number of predictions.
-            merged: dict[str, dict[float, float]] = {}
-            for key in ("mean_abs", "coverage", "two_sigma"):
-                merged[key] = {}
-                for s in FRACTIONS:
-                    pairs = [(p["scores"][key][s], p["scores"]["n"][s]) for p in parts if p["scores"]["n"][s]]
-                    total = sum(n for _, n in pairs)
-                    merged[key][s] = sum(v * n for v, n in pairs) / total if total else math.nan
-            merged["n"] = {s: sum(p["scores"]["n"][s] for p in parts) for s in FRACTIONS}
-            out[label][name] = merged
-    return out
+                held = [c for c in curves if curve_size(c) in sizes[k:] and lo < curve_size(c) / sizes[k - 1] <= hi]
+                for s, records in predictions(predictor, held).items():
+                    pooled[label][name][s] += records
+    return {label: {name: summarise(records) for name, records in bins.items() if any(records.values())}
+            for label, bins in pooled.items()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -180,8 +170,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: list[list[str]] = []
     oracle_mae = math.nan
     results: dict[str, dict[str, Any]] = {}
+    # Every method calibrated once per split (the headline split n − held among them).
+    headline = len(sizes) - args.held
+    splits = sorted(set(args.splits or range(2, len(sizes))) | {headline})
+    fitted: dict[int, dict[str, Predictor]] = {}
+    for k in splits:
+        part = [c for c in curves if curve_size(c) in sizes[:k]]
+        fitted[k] = {label: calibrate(config, part, method, args.config) for label, method in METHODS}
+        print(f"  split: calibrated on the {k} smallest widths [{time.monotonic() - started:.0f} s]", flush=True)
     for label, method in METHODS:
-        predictor = calibrate(config, calib, method, args.config)
+        predictor = fitted[headline][label]
         scored = score_method(predictor, held)
         # The curve the predictor draws for each held-out run (reference curves included).
         scores = score_curves(predictor, held, t_min=config.fit.t_min)
@@ -192,11 +190,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       per_size={n: score_method(predictor, [c for c in held if curve_size(c) == n])
                                 for n in held_sizes})
         results[label] = scored
-        print(f"  {label}: done [{time.monotonic() - started:.0f} s]", flush=True)
     for r in results.values():
         r["ratio"] = r["mae"] / oracle_mae if oracle_mae > 0 else math.inf
-    splits = sorted(set(args.splits or range(2, len(sizes))) | {len(sizes) - args.held})
-    distance = by_distance(config, curves, sizes, splits, args.config, started)
+    distance = by_distance(fitted, curves, sizes)
 
     def pct(v: float) -> str:
         return "n/a" if not math.isfinite(v) else f"{100 * v:.2f}%"
