@@ -207,7 +207,12 @@ def _curve_mae(
     With an irreducible loss L̂ = ``l0`` (scalar, or shape (..., 1, 1)) the model of L/L(1) is
     r + (1 − r)·ℓ̂ with r = L̂/L(1) per curve (Eq. 1 with the offset, solved for L).
     """
-    model = _model(d, b, q, m, rows)
+    return _model_mae(d, _model(d, b, q, m, rows), rows, l0)
+
+
+def _model_mae(d: _Data, model: np.ndarray, rows: Any = slice(None), l0: Any = 0.0) -> np.ndarray:
+    """Per-curve MAE of a modelled ℓ̂ on ``d``'s grid (normalised at each curve's last point)
+    against the observed ℓ, with the irreducible loss ``l0`` as in :func:`_curve_mae`."""
     if np.any(np.asarray(l0) != 0.0):
         model = equations.loss_ratio_from_normalized(model, d.final[rows], l0)
     return np.mean(np.abs(model - d.ell[rows]), axis=-1)
@@ -696,18 +701,15 @@ def score_curves(
 
 
 def _drawn_curve_mae(predictor: Predictor, curves: Sequence[Curve], d: _Data) -> np.ndarray:
-    """Per-curve MAE of ``predictor.normalized_curve`` against ℓ on ``d``'s grid, normalised at
-    each curve's last point like :func:`_model` (the irreducible loss as :func:`_curve_mae`)."""
-    out = np.empty(len(curves))
+    """Per-curve MAE of what ``predictor.normalized_curve`` draws for each curve, normalised at
+    its last point like :func:`_model`."""
+    model = np.empty_like(d.ell)
     for i, c in enumerate(curves):
         controls = controls_with_size(c)
-        model = predictor.normalized_curve(d.grid, controls)
+        model[i] = predictor.normalized_curve(d.grid, controls)
         if d.needs_last:
-            model = model / predictor.normalized_curve(d.t_last[i], controls)
-        if predictor.params.irreducible_loss:
-            model = equations.loss_ratio_from_normalized(model, d.final[i], predictor.params.irreducible_loss)
-        out[i] = float(np.mean(np.abs(model - d.ell[i])))
-    return out
+            model[i] /= predictor.normalized_curve(d.t_last[i], controls)
+    return _model_mae(d, model, l0=predictor.params.irreducible_loss)
 
 
 def _oracle(
