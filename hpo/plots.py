@@ -19,7 +19,6 @@ early stopping) are named: in the legend, or directly at the right edge (:func:`
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from matplotlib.figure import Figure
 from hpo.analysis import clean_history, controls_of, is_diverged
 from hpo.scheduler_state import TrialRecord
 from predictors import equations
-from predictors.io import atomic_write_with
+from predictors.io import atomic_write_with, finite_or_none
 
 #: Most trials drawn with a legend entry each; more are coloured by a searched value (colour bar).
 LEGEND_MAX = 12
@@ -70,12 +69,6 @@ class Palette:
         return self.key is not None
 
 
-def _numeric(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def trial_palette(configs: Mapping[str, Mapping[str, Any]]) -> Palette:
     """Colours for the trials ``{trial_id: config}`` (see the module docstring): up to
     :data:`LEGEND_MAX` trials a qualitative colour each; more, a colour map over the numeric
@@ -89,7 +82,7 @@ def trial_palette(configs: Mapping[str, Mapping[str, Any]]) -> Palette:
         return Palette(dict(zip(ids, _colors(len(ids)))))
     best: Optional[tuple[float, str, dict[str, float]]] = None
     for key in sorted({k for c in configs.values() for k in (c or {})}):
-        values = {tid: _numeric((configs[tid] or {}).get(key)) for tid in ids}
+        values = {tid: finite_or_none((configs[tid] or {}).get(key)) for tid in ids}
         if any(v is None for v in values.values()):
             continue
         vals = np.array(list(values.values()), dtype=float)
