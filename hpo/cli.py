@@ -157,16 +157,15 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from hpo.jobs import connect, dashboard_url, format_state, job_state, list_jobs
+    from hpo.jobs import connect, format_state, job_state, list_jobs
 
-    client = connect(args.address)
-    url = dashboard_url(args.address)
-    ids = [args.job] if args.job else [j.submission_id for j in list_jobs(client)]
-    states = [job_state(client, job_id, url, args.tracking_uri) for job_id in ids]
+    cluster = connect(args.address)
+    ids = [args.job] if args.job else [j.submission_id for j in list_jobs(cluster)]
+    states = [job_state(cluster, job_id, args.tracking_uri) for job_id in ids]
     if args.json:
         print(json.dumps(states if not args.job else states[0], indent=1))
     elif not states:
-        print(f"no sweeps submitted to {url}")
+        print(f"no sweeps submitted to {cluster.url}")
     else:
         print("\n".join(format_state(s) for s in states))
     return 0

@@ -24,6 +24,7 @@ MLflow's own clients would wait or retry for minutes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import json
 import os
@@ -101,15 +102,23 @@ def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         raise ClusterError(f"--address: {url}: not a Ray dashboard (no ray_version on /api/version)") from None
 
 
-def connect(address: Optional[str]) -> Any:
-    """A ``JobSubmissionClient`` for the head at ``address`` (checked within seconds)."""
+@dataclass(frozen=True)
+class Cluster:
+    """A connected Ray head: its ``JobSubmissionClient`` and the dashboard ``url`` it talks to."""
+
+    client: Any
+    url: str
+
+
+def connect(address: Optional[str]) -> Cluster:
+    """The head at ``address`` (checked within seconds)."""
     url = dashboard_url(address)
     probe(url)
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     try:
-        return JobSubmissionClient(url)
+        return Cluster(JobSubmissionClient(url), url)
     except AuthenticationError:
         raise ClusterError(f"--address: the Ray head at {url} requires its token: set RAY_AUTH_MODE=token and "
                            "RAY_AUTH_TOKEN (or copy the head's ~/.ray/auth_token)") from None
@@ -123,6 +132,13 @@ def tracking_client(uri: Optional[str], fallback: Optional[str] = None) -> Any:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or fallback
     if not uri:
         raise InputError("--tracking-uri: give the MLflow tracking URI (or set MLFLOW_TRACKING_URI)")
+    return _mlflow_client(uri)
+
+
+@functools.lru_cache(maxsize=8)
+def _mlflow_client(uri: str) -> Any:
+    """One checked client per URI and process: ``hpo answer`` polls and ``hpo status`` lists
+    many jobs of one server without probing it again each time."""
     check_tracking_uri(uri, "--tracking-uri", timeout_s=PROBE_TIMEOUT_S)
     # A server that dies later must not stall a client for MLflow's default minutes of retries.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -134,12 +150,12 @@ def tracking_client(uri: Optional[str], fallback: Optional[str] = None) -> Any:
     return MlflowClient(tracking_uri=use_credentials(uri))
 
 
-def _job_info(client: Any, job_id: str, url: str) -> Any:
+def _job_info(cluster: Cluster, job_id: str) -> Any:
     try:
-        return client.get_job_info(job_id)
+        return cluster.client.get_job_info(job_id)
     except RuntimeError as exc:
         if "404" in str(exc) or "does not exist" in str(exc):
-            raise ClusterError(f"JOB: no job {job_id!r} on the Ray cluster at {url}") from None
+            raise ClusterError(f"JOB: no job {job_id!r} on the Ray cluster at {cluster.url}") from None
         raise
 
 
@@ -211,7 +227,7 @@ def submit(config_arg: str, overrides: tuple[str, ...], *, address: Optional[str
     config = load_sweep_config(sweep_config_path(config_arg),
                                overrides=(*overrides, f"mlflow.tracking_uri={uri}"))
     preflight_portable(config)
-    client = connect(address)
+    cluster = connect(address)
     job_id = f"hpo-{config.name}-{uuid.uuid4().hex[:8]}"
     output_dir = f"{out_root}/{job_id}"
     mlflow_client = tracking_client(uri)
@@ -221,14 +237,14 @@ def submit(config_arg: str, overrides: tuple[str, ...], *, address: Optional[str
     shown_uri = strip_credentials(uri)
     with tempfile.TemporaryDirectory(prefix="hpo-job-") as tmp:
         _job_files(config, output_dir, uri, working_dir, Path(tmp))
-        client.submit_job(
+        cluster.client.submit_job(
             entrypoint=f"python -m hpo.cli sweep {JOB_FILES}/sweep.yaml",
             submission_id=job_id,
             runtime_env={"working_dir": tmp, "env_vars": {JOB_ID_ENV: job_id}},
             metadata={METADATA_KEY: "sweep", "sweep": config.name, "experiment": config.mlflow.experiment,
                       "tracking_uri": shown_uri, "output_dir": output_dir},
         )
-    return Submission(job_id, config.mlflow.experiment, experiment_id, shown_uri, output_dir, dashboard_url(address))
+    return Submission(job_id, config.mlflow.experiment, experiment_id, shown_uri, output_dir, cluster.url)
 
 
 # ----------------------------------------------------------------------------- read state
@@ -244,19 +260,19 @@ def last_error_line(logs: str) -> Optional[str]:
     return lines[-1] if lines else None
 
 
-def job_state(client: Any, job_id: str, url: str, tracking_uri: Optional[str]) -> dict[str, Any]:
+def job_state(cluster: Cluster, job_id: str, tracking_uri: Optional[str]) -> dict[str, Any]:
     """One job as ``status`` shows it: Ray's state, the error line of a failed job, and what
     the sweep published on MLflow (progress per rung, compute used, the early answer)."""
     from hpo.tracking import find_job_run, read_published
 
-    info = _job_info(client, job_id, url)
+    info = _job_info(cluster, job_id)
     meta = info.metadata or {}
     state: dict[str, Any] = {"job_id": job_id, "state": str(getattr(info.status, "value", info.status)),
                              "sweep": meta.get("sweep"), "experiment": meta.get("experiment"),
                              "output_dir": meta.get("output_dir"), "error": None, "published": None}
     if state["state"] == "FAILED":
         try:
-            state["error"] = last_error_line(client.get_job_logs(job_id)) or info.message
+            state["error"] = last_error_line(cluster.client.get_job_logs(job_id)) or info.message
         except Exception:  # noqa: BLE001 - the logs may be gone with their node; Ray's message stays
             state["error"] = info.message
     if meta.get("experiment"):
@@ -267,9 +283,9 @@ def job_state(client: Any, job_id: str, url: str, tracking_uri: Optional[str]) -
     return state
 
 
-def list_jobs(client: Any) -> list[Any]:
+def list_jobs(cluster: Cluster) -> list[Any]:
     """The Ray jobs ``hpo submit`` made, oldest first."""
-    jobs = [j for j in client.list_jobs() if (j.metadata or {}).get(METADATA_KEY) and j.submission_id]
+    jobs = [j for j in cluster.client.list_jobs() if (j.metadata or {}).get(METADATA_KEY) and j.submission_id]
     return sorted(jobs, key=lambda j: j.start_time or 0)
 
 
@@ -314,11 +330,10 @@ def answer(job_id: str, *, address: Optional[str], tracking_uri: Optional[str], 
     """``(exit status, state)``: :data:`ANSWERED` once the early answer is published,
     :data:`ENDED_WITHOUT_ANSWER` if the job ended without one, :data:`STILL_RUNNING` when not
     waiting (or past ``timeout_s``) and there is none yet."""
-    client = connect(address)
-    url = dashboard_url(address)
+    cluster = connect(address)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        state = job_state(client, job_id, url, tracking_uri)
+        state = job_state(cluster, job_id, tracking_uri)
         published = state.get("published") or {}
         if published.get("early_answer"):
             return ANSWERED, state
@@ -331,14 +346,14 @@ def answer(job_id: str, *, address: Optional[str], tracking_uri: Optional[str], 
 
 
 def logs(job_id: str, *, address: Optional[str], follow: bool, write: Callable[[str], None]) -> None:
-    client = connect(address)
-    _job_info(client, job_id, dashboard_url(address))
+    cluster = connect(address)
+    _job_info(cluster, job_id)
     if not follow:
-        write(client.get_job_logs(job_id))
+        write(cluster.client.get_job_logs(job_id))
         return
 
     async def tail() -> None:
-        async for chunk in client.tail_job_logs(job_id):
+        async for chunk in cluster.client.tail_job_logs(job_id):
             write(chunk)
 
     asyncio.run(tail())
@@ -350,17 +365,16 @@ def stop(job_id: str, *, address: Optional[str], tracking_uri: Optional[str],
     ``{"job_id", "state", "already_ended", "runs_killed"}``."""
     from hpo.tracking import find_job_run, record_stop
 
-    client = connect(address)
-    url = dashboard_url(address)
-    info = _job_info(client, job_id, url)
+    cluster = connect(address)
+    info = _job_info(cluster, job_id)
     status = str(getattr(info.status, "value", info.status))
     if status in TERMINAL_STATES:
         return {"job_id": job_id, "state": status, "already_ended": True, "runs_killed": 0}
-    client.stop_job(job_id)
+    cluster.client.stop_job(job_id)
     deadline = time.monotonic() + wait_s
     while status not in TERMINAL_STATES and time.monotonic() < deadline:
         time.sleep(0.5)
-        now = client.get_job_status(job_id)
+        now = cluster.client.get_job_status(job_id)
         status = str(getattr(now, "value", now))
     meta = info.metadata or {}
     killed = 0
