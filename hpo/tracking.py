@@ -190,9 +190,10 @@ class SweepTracker:
             raise
 
     def tag_parent(self, tags: dict[str, Any]) -> None:
-        parent = self.parent_run_id()
-        for key, value in tags.items():
-            self.client.set_tag(parent, key, _param_value(value))
+        """Set ``tags`` on the parent run in one request (non-strings as JSON)."""
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.parent_run_id(), tags=[RunTag(k, _param_value(v)) for k, v in tags.items()])
 
     def log_parent_artifacts(self, paths: list[Path]) -> None:
         parent = self.parent_run_id()
@@ -211,15 +212,19 @@ class SweepTracker:
         parent = self.parent_run_id()
         rung = int(decision["rung"])
         self.client.log_text(parent, dumps(decision, indent=1), decision_artifact(rung))
-        self.client.set_tag(parent, RUNGS_DECIDED_TAG, str(rung + 1))
-        self.publish_progress(decision.get("progress") or [], decision.get("compute_fraction"))
+        self.publish_progress(decision.get("progress") or [], decision.get("compute_fraction"),
+                              rungs_decided=rung + 1)
 
-    def publish_progress(self, progress: list[dict[str, Any]], compute_fraction: Optional[float]) -> None:
-        """Per-rung trial counts (``CollapseScheduler.progress``) and the compute used so far."""
+    def publish_progress(self, progress: list[dict[str, Any]], compute_fraction: Optional[float],
+                         rungs_decided: Optional[int] = None) -> None:
+        """Per-rung trial counts (``CollapseScheduler.progress``) and the compute used so far
+        (the tag is cut at MLflow's length limit: readers then take the artifact)."""
         record = {"progress": progress, "compute_fraction": compute_fraction, "published_at": time.time()}
-        parent = self.parent_run_id()
-        self.client.log_text(parent, dumps(record, indent=1), PROGRESS_ARTIFACT)
-        self.client.set_tag(parent, PROGRESS_TAG, dumps(record, indent=None)[:6000])
+        self.client.log_text(self.parent_run_id(), dumps(record, indent=1), PROGRESS_ARTIFACT)
+        tags: dict[str, Any] = {PROGRESS_TAG: dumps(record, indent=None)}
+        if rungs_decided is not None:
+            tags[RUNGS_DECIDED_TAG] = str(rungs_decided)
+        self.tag_parent(tags)
 
     def publish_early_answer(self, answer: dict[str, Any]) -> None:
         """The early answer (the content of ``predicted_best.json``) on the parent run: the
@@ -236,9 +241,9 @@ class SweepTracker:
             "predicted_best.compute_fraction": answer.get("compute_fraction"),
             "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
             "predicted_best.kept": answer.get("kept"),
+            # After the artifact: its presence tells a client that the artifact is complete.
+            EARLY_ANSWER_TAG: "1",
         })
-        # Last: its presence tells a client that the artifact above is complete.
-        self.client.set_tag(parent, EARLY_ANSWER_TAG, "1")
 
     def finish_parent(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.parent_run_id(), status=status)

@@ -77,3 +77,25 @@ def test_a_copied_store_logs_artifacts_into_the_copy(tmp_path: Path) -> None:
     moved.log_parent_artifacts([note])
     assert list(copy.glob("mlartifacts/*/artifacts/note.txt"))
     assert not list(original.glob("mlartifacts/**/note.txt"))
+
+
+def test_published_decisions_and_early_answer_read_back_from_the_store_alone(tmp_path: Path) -> None:
+    # What `hpo status` / `hpo answer` read: found by the job-id tag, progress and the answer
+    # back from tags and artifacts; the answer is there only once its tag is set.
+    from hpo.tracking import JOB_TAG, find_job_run, read_published
+
+    tracker = _tracker(tmp_path / "out")
+    tracker.start({"sweep": "sweep"})
+    tracker.tag_parent({JOB_TAG: "job-1"})
+    progress = [{"fraction": 0.1, "decided": True, "reached": 4, "alive": 2, "stopped": 2, "finished": 0}]
+    tracker.publish_decision({"rung": 0, "fraction": 0.1, "progress": progress, "compute_fraction": 0.1})
+    run = find_job_run(tracker.client, "t", "job-1")
+    published = read_published(tracker.client, run)
+    assert published["rungs_decided"] == 1 and published["early_answer"] is None
+    assert published["progress"]["progress"] == progress and published["progress"]["compute_fraction"] == 0.1
+    answer = {"trial_id": "a_00001", "config": {"lr": 0.01}, "predicted_final_loss": 1.7, "uncertainty": 0.04,
+              "kept": [f"a_{i:05d}" for i in range(1000)]}  # a 1,000-trial keep list: the tag is cut, not lost
+    tracker.publish_early_answer(answer)
+    published = read_published(tracker.client, tracker.client.get_run(run.info.run_id))
+    assert published["early_answer"] == answer
+    assert find_job_run(tracker.client, "t", "job-2") is None
