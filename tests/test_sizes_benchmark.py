@@ -32,6 +32,7 @@ def test_sizes_report_scores_every_method_on_the_largest_widths(tmp_path, monkey
     assert "beyond the largest calibrated size" in text
     # Coverage is shown beside the interval it covers, and by distance beyond the calibration.
     assert "stated ±2σ (mean)" in text and "## Coverage by distance" in text and "| 2–4×" in text
+    assert "outside their stated ±2σ:" in text  # the misses listed one by one (or "none")
 
 
 def test_too_few_widths_is_refused(monkeypatch, capsys):
