@@ -8,6 +8,7 @@ never with `ray stop`, which would end every Ray cluster on the machine, a user'
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -27,10 +28,43 @@ REPO = Path(__file__).resolve().parents[1]
 RAY_TOKEN = secrets.token_hex(32)
 
 
-def free_port() -> int:
+#: Ports handed out in this test session (never handed out twice, even after a service ends).
+_TAKEN: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux; the usual default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """The first of ``span`` consecutive free ports, none handed out before in this session and
+    all outside the kernel's ephemeral range: a port the kernel picked for us (bind to 0) is
+    one it can also give to any outgoing connection (Ray opens many) before the service binds
+    it, and a node whose port is taken never comes up."""
+    low_e, high_e = _ephemeral_range()
+    starts = [p for p in range(10000, 65536 - span) if p + span <= low_e or p > high_e]
+    rng = random.Random()
+    for _ in range(5000):
+        start = rng.choice(starts)
+        ports = range(start, start + span)
+        if not any(port in _TAKEN for port in ports) and all(_bindable(port) for port in ports):
+            _TAKEN.update(ports)
+            return start
+    raise RuntimeError(f"no {span} free consecutive port(s) outside the ephemeral range {low_e}-{high_e}")
 
 
 def service_env() -> dict[str, str]:
@@ -77,7 +111,7 @@ def _stop_group(process: subprocess.Popen, marker: Optional[str] = None) -> None
 def _node_ports() -> list[str]:
     """Every port a Ray node opens, chosen free, so that no node collides with another Ray on
     this machine."""
-    low = free_port()
+    low = free_port(span=41)
     return [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
             f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
@@ -129,7 +163,8 @@ class RayCluster:
         while self.alive_nodes() < want:
             assert all(n.poll() is None for n in self.nodes), \
                 f"ray start exited early: {(Path(self.temp_dir) / f'node{want - 1}.log').read_text()[-2000:]}"
-            assert time.time() < deadline, f"the cluster did not reach {want} node(s)"
+            assert time.time() < deadline, (f"the cluster did not reach {want} node(s): "
+                                            f"{(Path(self.temp_dir) / f'node{want - 1}.log').read_text()[-2000:]}")
             time.sleep(2)
 
     def _wait_dashboard(self) -> None:
@@ -147,8 +182,11 @@ class RayCluster:
     def alive_nodes(self) -> int:
         probe = ("import ray; ray.init(address=%r, log_to_driver=False); "
                  "print(sum(1 for n in ray.nodes() if n['Alive']))" % self.address)
-        run = subprocess.run([sys.executable, "-c", probe], env=service_env(), capture_output=True, text=True,
-                             timeout=120)
+        try:
+            run = subprocess.run([sys.executable, "-c", probe], env=service_env(), capture_output=True, text=True,
+                                 timeout=45)
+        except subprocess.TimeoutExpired:
+            return 0  # not ready to take a driver yet: the caller polls again until its deadline
         lines = run.stdout.strip().splitlines()
         return int(lines[-1]) if run.returncode == 0 and lines and lines[-1].isdigit() else 0
 
