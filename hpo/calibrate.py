@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -82,6 +82,10 @@ class CalibrationConfig(BaseModel):
     # one seed every run still sees the same stream (paired comparisons).
     data_seed_from_seed: bool = False
     bank: str = "configs/calibration/bank.parquet"
+    # Banks of sweeps at scales this calibration does not fit (other model sizes, TPPs): the
+    # predictor as fitted predicts their sweeps, and the order error measured there is what a
+    # sweep as far off the calibrated scale gets (issue 25). Their curves never enter the fit.
+    ranking_banks: list[str] = Field(default_factory=list)
     # None: bank the curves only, fit and write nothing (held-out studies such as transfer).
     # Under runs/ by default, never a tracked file unless asked ({name}: the calibration's name).
     predictor_out: Optional[str] = "runs/calibration/{name}/predictor.json"
@@ -201,13 +205,24 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
     wanted = {run_id_of(c) for c in config.runs()}
     frame = frame[frame["run_id"].isin(wanted)]
     provenance = {"calibration": config.name, "bank": portable_path(bank_path)}
+    ranking_curves = []
+    for extra in config.ranking_banks:
+        path = _resolve(extra)
+        if not path.is_file():
+            raise ConfigError(f"ranking_banks: {extra}: no such bank")
+        extra_frame = load_bank(path)
+        if path == bank_path:  # the calibration's own bank: only the runs it does not fit
+            extra_frame = extra_frame[~extra_frame["run_id"].isin(wanted)]
+        ranking_curves += bank_curves(extra_frame)
+    if config.ranking_banks:
+        provenance["ranking_banks"] = [portable_path(_resolve(b)) for b in config.ranking_banks]
     return fit_and_report(bank_curves(frame), config.fit, predictor_path, _output(config),
-                          provenance=provenance, source=str(bank_path))
+                          provenance=provenance, source=str(bank_path), ranking_curves=ranking_curves)
 
 
 def fit_and_report(
     curves: list, settings: FitSettings, predictor_path: Path, out: Path, *,
-    provenance: dict[str, Any], source: str, notes: tuple[str, ...] = (),
+    provenance: dict[str, Any], source: str, notes: tuple[str, ...] = (), ranking_curves: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """The one calibration fit, for banked runs and for a user's own curves alike.
 
@@ -270,6 +285,15 @@ def fit_and_report(
     if measured and settings.ranking_error:
         ranking = held_out.ranking_error_table(curves, method=methods[chosen_mode], refits=refits,
                                                cross=held[chosen_mode].get("cross", []), progress=_progress)
+        if ranking is not None:
+            complete_extra = complete_curves(list(ranking_curves))[0]
+            if complete_extra:
+                _progress(f"ranking error on {len(complete_extra)} curves of the ranking banks (never fitted)")
+            extra_groups = held_out.evaluation_groups(chosen.predictor, complete_extra) if complete_extra else ()
+            noise = held_out.seed_noise(curves)
+            ranking = dataclasses.replace(ranking, cross_groups=(*ranking.cross_groups, *extra_groups),
+                                          seed_noise=None if noise is None else noise[0],
+                                          seed_noise_source=None if noise is None else noise[1])
         chosen = dataclasses.replace(chosen, predictor=dataclasses.replace(chosen.predictor, ranking_error=ranking))
         results[chosen_mode] = chosen
         if ranking is None:

@@ -626,15 +626,30 @@ def probit_scale(d_pred: np.ndarray, d_true: np.ndarray, weights: np.ndarray) ->
     return float(grid[i]), float(grid[i + below[0]]) if below.size else 1.0
 
 
+def rung_losses(curves: Sequence[Curve], fractions: Sequence[float]) -> np.ndarray:
+    """[fraction, curve] → the loss at the rung point (``rung_cut``: the scheduler's cut), what
+    current-best ranks by; NaN where the curve never reaches the rung."""
+    out = np.full((len(fractions), len(curves)), np.nan)
+    for i, c in enumerate(curves):
+        for k, s in enumerate(fractions):
+            n = rung_cut(c.t_hat, s)
+            if n is not None:
+                out[k, i] = float(c.loss[n - 1])
+    return out
+
+
 def _pair_errors(
-    predicted: Callable[[int, int], float], truth: np.ndarray, groups: Sequence[Sequence[int]], k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(predicted log-ratios, true log-ratios, weights, groups used) of every pair within the
-    groups at stop-fraction index ``k``; ``predicted(k, i)`` is curve i's held-out prediction."""
-    dp, dt, w = [], [], []
+    predicted: Callable[[int, int], float], truth: np.ndarray, groups: Sequence[Sequence[int]], k: int,
+    losses: Optional[np.ndarray] = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+    """(predicted log-ratios, true log-ratios, weights, groups used, log-ratios of the losses at
+    the rung) of every pair within the groups at stop-fraction index ``k``; ``predicted(k, i)``
+    is curve i's held-out prediction. Only trials with a prediction (and a rung loss, when
+    ``losses`` is given) take part, as at a rung."""
+    dp, dt, w, dl = [], [], [], []
     used = 0
     for g in groups:
-        members = [i for i in g if np.isfinite(predicted(k, i))]
+        members = [i for i in g if np.isfinite(predicted(k, i)) and (losses is None or np.isfinite(losses[k, i]))]
         if len(members) < 2:
             continue
         used += 1
@@ -643,8 +658,32 @@ def _pair_errors(
             for b in members[a_pos + 1:]:
                 dp.append(math.log(predicted(k, a) / predicted(k, b)))
                 dt.append(math.log(truth[a] / truth[b]))
+                dl.append(0.0 if losses is None else math.log(losses[k, a] / losses[k, b]))
                 w.append(weight)
-    return np.array(dp), np.array(dt), np.array(w), used
+    return np.array(dp), np.array(dt), np.array(w), used, np.array(dl)
+
+
+def agreement(d_order: np.ndarray, d_true: np.ndarray, weights: np.ndarray) -> float:
+    """The weighted share of pairs an order gets right (a tie counts half)."""
+    right = np.where(d_order == 0, 0.5, (np.sign(d_order) == np.sign(d_true)).astype(float))
+    return float(np.sum(weights * right) / np.sum(weights))
+
+
+def choose_order(d_pred: np.ndarray, d_loss: np.ndarray, d_true: np.ndarray, weights: np.ndarray
+                 ) -> tuple[float, float, float, float]:
+    """(weight, its pair share, predicted finals' share, losses' share): the largest blend
+    weight w of ``predictors.ranking.ORDER_WEIGHTS`` whose score w·log P + (1 − w)·log L orders
+    at least as many pairs right as the losses at the rung alone. The predictor is used as far
+    as it is not worse than current-best's order on the calibration sweeps, and only so far
+    (issue 25): by construction never worse there; w = 0 is the losses themselves."""
+    from predictors.ranking import ORDER_WEIGHTS
+
+    losses = agreement(d_loss, d_true, weights)
+    for w in ORDER_WEIGHTS:
+        share = agreement(w * d_pred + (1.0 - w) * d_loss, d_true, weights)
+        if share >= losses - 1e-12:
+            return w, share, agreement(d_pred, d_true, weights), losses
+    return 0.0, losses, agreement(d_pred, d_true, weights), losses
 
 
 def _fold_prediction(predicted: np.ndarray, fold_of: Mapping[tuple[int, ...], int],
@@ -656,19 +695,34 @@ def _fold_prediction(predicted: np.ndarray, fold_of: Mapping[tuple[int, ...], in
 
 
 def _kind_error(predicted: Callable[[int, int], float], truth: np.ndarray, groups: Sequence[Sequence[int]],
-                fractions: Sequence[float]) -> Optional[Any]:
+                fractions: Sequence[float], losses: Optional[np.ndarray] = None) -> Optional[Any]:
+    """The ``KindError`` of these sweeps: the predicted finals' order (probit scale, RMS) and,
+    with ``losses`` (:func:`rung_losses`), the losses' order and the blend :func:`choose_order`
+    picks, with its scale."""
     from predictors.ranking import KindError
 
     rows = []
     for k, s in enumerate(fractions):
-        dp, dt, w, used = _pair_errors(predicted, truth, groups, k)
-        if dp.size:
-            mle, upper = probit_scale(dp, dt, w)
-            rows.append((s, upper, float(np.sqrt(np.mean((dp - dt) ** 2))), int(dp.size), used, mle))
+        dp, dt, w, used, dl = _pair_errors(predicted, truth, groups, k, losses)
+        if not dp.size:
+            continue
+        mle, upper = probit_scale(dp, dt, w)
+        row = [s, upper, float(np.sqrt(np.mean((dp - dt) ** 2))), int(dp.size), used, mle]
+        if losses is not None:
+            weight, share, pred_share, loss_share = choose_order(dp, dl, dt, w)
+            loss_scale = probit_scale(dl, dt, w)[1]
+            order_scale = probit_scale(weight * dp + (1.0 - weight) * dl, dt, w)[1]
+            row += [pred_share, loss_share, loss_scale, weight, share, order_scale]
+        rows.append(row)
     if not rows:
         return None
-    s, upper, rms, n_pairs, n_groups, mle = zip(*rows)
-    return KindError(s, upper, rms, n_pairs, n_groups, mle)
+    columns = list(zip(*rows))
+    s, upper, rms, n_pairs, n_groups, mle = columns[:6]
+    if losses is None:
+        return KindError(s, upper, rms, n_pairs, n_groups, mle)
+    pred_share, loss_share, loss_scale, weight, share, order_scale = columns[6:]
+    return KindError(s, upper, rms, n_pairs, n_groups, mle, agreement=pred_share, loss_agreement=loss_share,
+                     loss_scale=loss_scale, weight=weight, order_agreement=share, order_scale=order_scale)
 
 
 def ranking_error_table(
@@ -702,6 +756,7 @@ def ranking_error_table(
     n_folds = min(len(distinct), RANKING_FOLDS)
     fold_of = {g: j % n_folds for j, g in enumerate(distinct)}
     truth = np.array([c.final_loss for c in curves], dtype=np.float64)
+    losses = rung_losses(curves, fractions)
     predicted = np.full((n_folds, len(fractions), len(curves)), np.nan)
     for j in range(n_folds):
         members = sorted({i for g, f in fold_of.items() if f == j for i in g})
@@ -715,16 +770,16 @@ def ranking_error_table(
         if progress is not None:
             progress(f"ranking error: {j + 1}/{n_folds} leave-sweeps-out refits")
     kinds, crosses = {}, {}
-    cross_groups = _cross_groups(curves, by_kind, truth, fractions, cross)
+    cross_groups = _cross_groups(curves, by_kind, truth, fractions, cross, losses)
     for kind, groups in by_kind.items():
-        table = _kind_error(_fold_prediction(predicted, fold_of, groups), truth, groups, fractions)
+        table = _kind_error(_fold_prediction(predicted, fold_of, groups), truth, groups, fractions, losses)
         if table is not None:
             kinds[kind] = table
         for held in cross:
             index = {s: k for k, s in enumerate(held.fractions)}
             if not all(s in index for s in fractions):
                 continue
-            x = _kind_error(lambda k, i: float(held.predicted[index[fractions[k]], i]), truth, groups, fractions)
+            x = _kind_error(lambda k, i: float(held.predicted[index[fractions[k]], i]), truth, groups, fractions, losses)
             if x is not None and (kind not in crosses or np.mean(x.scale) > np.mean(crosses[kind].scale)):
                 crosses[kind] = x
     if not kinds:
@@ -738,7 +793,8 @@ _AXIS = {"leave-one-TPP-out": "tokens_per_param", "leave-one-size-out": "n_param
 
 
 def _cross_groups(curves: Sequence[Curve], by_kind: Mapping[str, Sequence[Sequence[int]]], truth: np.ndarray,
-                  fractions: Sequence[float], cross: Sequence[HeldOutPredictions]) -> tuple[Any, ...]:
+                  fractions: Sequence[float], cross: Sequence[HeldOutPredictions],
+                  losses: Optional[np.ndarray] = None) -> tuple[Any, ...]:
     """Per held-out TPP (size): the ranking error of the sweeps inside it, and where it lay
     against the values that remained (``predictors.ranking.HeldOutGroup``)."""
     from predictors.ranking import HeldOutGroup, Position
@@ -759,9 +815,66 @@ def _cross_groups(curves: Sequence[Curve], by_kind: Mapping[str, Sequence[Sequen
             kinds = {}
             for kind, sweeps in by_kind.items():
                 mine = [g for g in sweeps if set(g) <= inside]
-                x = _kind_error(lambda k, i: float(held.predicted[index[fractions[k]], i]), truth, mine, fractions)
+                x = _kind_error(lambda k, i: float(held.predicted[index[fractions[k]], i]), truth, mine, fractions,
+                                losses)
                 if x is not None:
                     kinds[kind] = x
             if kinds:
                 out.append(HeldOutGroup(values[gi], position, kinds))
+    return tuple(out)
+
+
+def seed_noise(curves: Sequence[Curve]) -> Optional[tuple[float, str]]:
+    """(σ_seed, source): the pooled seed-to-seed standard deviation of log final loss (≈ the
+    relative spread of a final) over the configs run with several seeds; None when the bank
+    holds no such config. What ``scheduler.tolerance`` defaults to: two finals closer than
+    this are the same result."""
+    items = sweep_items(curves)
+    by_config: dict[tuple[Any, ...], list[float]] = {}
+    for c, (name, values) in zip(curves, items.items()):
+        key = tuple(None if values.get(k) is None else (round(math.log(values[k]), 2) if isinstance(values[k], float)
+                                                      and values[k] > 0 else values[k])
+                    for k in ("eta", "batch_size", "weight_decay", "tau", "tokens_per_param", "n_params", "schedule"))
+        by_config.setdefault(key, []).append(math.log(c.final_loss))
+    groups = [np.asarray(v) for v in by_config.values() if len(v) >= 2]
+    dof = sum(g.size - 1 for g in groups)
+    if dof == 0:
+        return None
+    pooled = math.sqrt(sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / dof)
+    return pooled, f"pooled over {len(groups)} configs run with several seeds ({dof} degrees of freedom)"
+
+
+def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
+                      fractions: Sequence[float] = DECISION_FRACTIONS) -> tuple[Any, ...]:
+    """The order error of sweeps the fit never saw, at scales the predictor was not calibrated
+    at (``hpo calibrate``'s ``ranking_banks``: other model sizes, TPPs): per (N, TPP) of
+    ``curves``, the ``HeldOutGroup`` of its sweeps predicted by ``predictor`` as it ships, placed
+    on the model-size axis where N is off the calibrated sizes, else on the TPP axis (a group at
+    a calibrated scale adds nothing and is left out)."""
+    from predictors.ranking import HeldOutGroup
+
+    curves = list(curves)
+    fractions = tuple(float(s) for s in fractions)
+    by_scale: dict[tuple[float, float], list[int]] = {}
+    for i, c in enumerate(curves):
+        by_scale.setdefault((float(curve_size(c) or 0.0), round(float(c.controls.tokens_per_param), 3)), []).append(i)
+    out = []
+    for (n_params, tpp), members in sorted(by_scale.items()):
+        sub = [curves[i] for i in members]
+        by_kind = ranking_groups(sub)
+        positions = {p.axis: p for p in predictor.positions([controls_with_size(c) for c in sub])}
+        position = positions.get("n_params") or positions.get("tokens_per_param")
+        if not by_kind or position is None:
+            continue
+        truth = np.array([c.final_loss for c in sub], dtype=np.float64)
+        losses = rung_losses(sub, fractions)
+        predicted = np.array([[prediction_at(predictor, c, s)[0] for c in sub] for s in fractions])
+        kinds = {}
+        for kind, groups in by_kind.items():
+            x = _kind_error(lambda k, i: float(predicted[k, i]), truth, groups, fractions, losses)
+            if x is not None:
+                kinds[kind] = x
+        if kinds:
+            value = n_params if position.axis == "n_params" else tpp
+            out.append(HeldOutGroup(value, position, kinds))
     return tuple(out)

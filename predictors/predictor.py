@@ -33,7 +33,7 @@ from predictors.distance import ErrorGroup, off_scale_error
 from predictors.io import atomic_write_json, json_safe, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
-from predictors.ranking import Position, RankingError
+from predictors.ranking import Order, Position, RankingError
 from predictors.references import ReferenceCurves
 from predictors.surrogate import SurrogateParams
 
@@ -350,32 +350,42 @@ class Predictor:
         assert value is not None
         return max(value, in_scale), "; ".join(words)
 
-    def ranking_scale(
-        self, stop_fraction: float, kind: str, controls: Sequence[Controls] = ()
-    ) -> tuple[float, str]:
-        """The ranking scale σ (log units) that applies to a sweep of ``kind`` at
-        ``stop_fraction``, and its source in words.
+    def ranking_order(self, stop_fraction: float, kind: str, controls: Sequence[Controls] = ()) -> Order:
+        """The order a rung ranks a sweep of ``kind`` by at ``stop_fraction``, and its ranking
+        scale σ (log units), with their source in words (``predictors.ranking.Order``).
 
         ``kind`` is a sweep kind or kind group (``predictors.ranking``); ``controls`` are the
-        sweep's trials: when any is off the calibrated scale (:meth:`scale_check`) the
-        cross-scale ranking error applies where it was measured and is larger. Without a
-        measured ranking error: √2·e(s), the error of the difference of two independent
-        predictions each off by the decision error e(s) (conservative: a bias the trials
-        share cancels in their order); 0 for an uncalibrated predictor.
+        sweep's trials. With a measured ranking error: ``RankingError.order_at`` (the blend of
+        predicted finals and losses at the rung chosen by ``hpo calibrate``; off the calibrated
+        scale the order error of held-out sweeps at least as far, else the losses' order).
+        Without one: the predicted finals at √2·e(s), the error of the difference of two
+        independent predictions each off by the decision error e(s) (conservative: a bias the
+        trials share cancels in their order); an uncalibrated predictor states no scale.
         """
         off = [why for ok, why in (self.scale_check(c) for c in controls) if not ok]
         where = f"; {off[0]}" if off else ""
-        if self.ranking_error is not None:
-            positions = self.positions(controls)
-            value, words = self.ranking_error.scale_at(stop_fraction, kind, off_scale=bool(off), positions=positions)
-            if value is not None:
-                return value, words + where
+        if self.ranking_error is not None and self.ranking_error.kinds:
+            order = self.ranking_error.order_at(stop_fraction, kind, self.positions(controls))
+            return Order(order.weight, order.scale, order.words + where)
         if self.decision_error is not None:
             e = max((self.relative_error(stop_fraction, c)[0] for c in controls),
                     default=self.decision_error.at(stop_fraction))
-            return math.sqrt(2.0) * e, ("no ranking error measured: √2·e(s), two independent "
-                                        f"predictions each off by the decision error e(s){where}")
-        return 0.0, "uncalibrated predictor (no decision or ranking error): margin 0"
+            return Order(1.0, math.sqrt(2.0) * e, "no ranking error measured: √2·e(s), two independent "
+                                                  f"predictions each off by the decision error e(s){where}")
+        return Order(1.0, None, "uncalibrated predictor (no decision or ranking error)")
+
+    def ranking_scale(
+        self, stop_fraction: float, kind: str, controls: Sequence[Controls] = ()
+    ) -> tuple[float, str]:
+        """The ranking scale σ of :meth:`ranking_order` (0 when unknown), and its source."""
+        order = self.ranking_order(stop_fraction, kind, controls)
+        return (order.scale or 0.0), order.words
+
+    @property
+    def seed_noise(self) -> Optional[float]:
+        """The seed-to-seed spread of a final loss (relative σ, measured by ``hpo calibrate``
+        on configs run with several seeds), or None when not measured."""
+        return None if self.ranking_error is None else self.ranking_error.seed_noise
 
     @property
     def size_method(self) -> str:

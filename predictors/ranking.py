@@ -67,20 +67,34 @@ class KindError:
     n_pairs: tuple[int, ...]
     n_groups: tuple[int, ...]
     mle: Optional[tuple[float, ...]] = None  # the probit scale's maximum-likelihood value
+    # The order the keep rule uses (issue 25), per stop fraction: the share of pairs ordered
+    # right by the predicted finals (``agreement``) and by the losses at the rung
+    # (``loss_agreement``, what current-best ranks by) and the probit scale of the latter; the
+    # blend weight chosen (``weight``: the score is w·log P + (1 − w)·log L_rung, 1 = the
+    # predicted finals, 0 = the losses) with its share and scale (``order_*``). None in files
+    # written before the order was measured (the predicted order, ``scale``, then applies).
+    agreement: Optional[tuple[float, ...]] = None
+    loss_agreement: Optional[tuple[float, ...]] = None
+    loss_scale: Optional[tuple[float, ...]] = None
+    weight: Optional[tuple[float, ...]] = None
+    order_agreement: Optional[tuple[float, ...]] = None
+    order_scale: Optional[tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
         n = len(self.stop_fractions)
         s = np.asarray(self.stop_fractions, dtype=np.float64)
         if n == 0 or np.any(s <= 0) or np.any(s > 1) or np.any(np.diff(s) <= 0):
             raise ValueError("ranking_error: stop_fractions must be strictly increasing in (0, 1]")
-        for name in ("scale", "rms", "n_pairs", "n_groups") + (("mle",) if self.mle is not None else ()):
+        for name in ("scale", "rms", "n_pairs", "n_groups") + tuple(o for o in _OPTIONAL if getattr(self, o) is not None):
             values = getattr(self, name)
             if len(values) != n:
                 raise ValueError(f"ranking_error: {name} must have one entry per stop fraction")
             arr = np.asarray(values, dtype=np.float64)
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise ValueError(f"ranking_error: {name} must be finite and ≥ 0")
-        for name in ("stop_fractions", "scale", "rms") + (("mle",) if self.mle is not None else ()):
+        if self.weight is not None and any(not 0.0 <= w <= 1.0 for w in self.weight):
+            raise ValueError("ranking_error: weight must lie in [0, 1]")
+        for name in ("stop_fractions", "scale", "rms") + tuple(o for o in _OPTIONAL if getattr(self, o) is not None):
             object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
         for name in ("n_pairs", "n_groups"):
             object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
@@ -89,16 +103,68 @@ class KindError:
         """The ranking scale at ``stop_fraction`` (linear between, held at the ends)."""
         return float(np.interp(stop_fraction, self.stop_fractions, self.scale))
 
+    def order_at(self, stop_fraction: float) -> tuple[float, float, str]:
+        """(blend weight, its ranking scale, the evidence in words) at ``stop_fraction``: the
+        weight measured at the nearest stop fraction, the scale interpolated (held at the
+        ends). Without a measured order (older files): the predicted finals, ``scale``."""
+        if self.weight is None or self.order_scale is None:
+            return 1.0, self.at(stop_fraction), "predicted finals (no loss order measured)"
+        k = int(np.argmin(np.abs(np.asarray(self.stop_fractions) - stop_fraction)))
+        scale = float(np.interp(stop_fraction, self.stop_fractions, self.order_scale))
+        words = (f"pairs ordered right at t̂ = {self.stop_fractions[k]:g}: predicted finals "
+                 f"{100 * (self.agreement or self.scale)[k]:.0f}%, losses at the rung "
+                 f"{100 * (self.loss_agreement or self.scale)[k]:.0f}%")
+        return self.weight[k], scale, words
+
+    def loss_order_at(self, stop_fraction: float) -> Optional[float]:
+        """The ranking scale of the losses at the rung (None when not measured)."""
+        if self.loss_scale is None:
+            return None
+        return float(np.interp(stop_fraction, self.stop_fractions, self.loss_scale))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"stop_fractions": list(self.stop_fractions), "scale": list(self.scale),
-                "rms": list(self.rms), "n_pairs": list(self.n_pairs), "n_groups": list(self.n_groups),
-                "mle": None if self.mle is None else list(self.mle)}
+        out = {"stop_fractions": list(self.stop_fractions), "scale": list(self.scale),
+               "rms": list(self.rms), "n_pairs": list(self.n_pairs), "n_groups": list(self.n_groups)}
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            out[name] = None if value is None else list(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "KindError":
-        mle = data.get("mle")
+        optional = {name: None if data.get(name) is None else tuple(data[name]) for name in _OPTIONAL}
         return cls(tuple(data["stop_fractions"]), tuple(data["scale"]), tuple(data["rms"]),
-                   tuple(data["n_pairs"]), tuple(data["n_groups"]), None if mle is None else tuple(mle))
+                   tuple(data["n_pairs"]), tuple(data["n_groups"]), **optional)
+
+
+#: The optional per-stop-fraction fields of a ``KindError``.
+_OPTIONAL = ("mle", "agreement", "loss_agreement", "loss_scale", "weight", "order_agreement", "order_scale")
+#: The blend weights ``hpo calibrate`` chooses from, predictor first: the score of a trial is
+#: w·log(predicted final) + (1 − w)·log(loss at the rung).
+ORDER_WEIGHTS = (1.0, 0.75, 0.5, 0.25, 0.0)
+#: A ranking scale at or above this is no evidence at all (the probit fit's upper bound
+#: found no order: ``hpo.held_out.probit_scale`` caps it here).
+NO_EVIDENCE = 1.0
+
+
+@dataclass(frozen=True)
+class Order:
+    """The order a rung ranks by, and its error: the blend ``weight`` (1 = the predicted
+    finals, 0 = the losses at the rung), the ranking ``scale`` σ of that order (None: unknown,
+    then the rung keeps only ⌈n/rf⌉, never everyone), and where both came from."""
+
+    weight: float
+    scale: Optional[float]
+    words: str
+
+    @property
+    def name(self) -> str:
+        """The order in a few words, for rung lines and the early answer."""
+        if self.weight >= 1.0:
+            return "predicted finals"
+        if self.weight <= 0.0:
+            return "losses at the rung"
+        return f"blend {self.weight:g} predicted + {1 - self.weight:g} losses"
 
 
 #: A value within this relative distance of a calibrated one is at the calibrated scale
@@ -172,8 +238,12 @@ class RankingError:
     source: str = "leave-one-sweep-out"
     cross_scale_source: Optional[str] = None
     cross_groups: tuple[HeldOutGroup, ...] = ()
+    seed_noise: Optional[float] = None
+    seed_noise_source: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.seed_noise is not None and not (np.isfinite(self.seed_noise) and self.seed_noise >= 0):
+            raise ValueError(f"ranking_error: seed_noise must be finite and ≥ 0, got {self.seed_noise!r}")
         for table in (self.kinds, self.cross_scale or {}):
             unknown = [k for k in table if k not in SWEEP_KINDS]
             if unknown:
@@ -236,12 +306,78 @@ class RankingError:
                 return self.cross_scale[k].at(s), f"{k} sweeps across scales ({self.cross_scale_source or 'cross-scale'})"  # type: ignore[index]
         return None
 
+    def order_at(self, stop_fraction: float, kind: str, positions: Sequence[Position] = ()) -> Order:
+        """The order a rung at ``stop_fraction`` ranks a sweep of ``kind`` by, and its error.
+
+        At the calibrated scale: the blend chosen for the kind (the member of a kind group with
+        the largest scale), measured leave-one-sweep-out. Off it (``positions``): the hardest of
+        that and the held-out groups analogous to each position (same axis, same side of the
+        calibrated range, held out at least as far, else the farthest): sweeps the predictor
+        never saw, so their order error *is* the off-scale error, measured. Where no analogous
+        group holds evidence, the order of the losses at the rung, whose error was measured
+        in-scale and needs no extrapolation of the predictor: never keep-everyone for lack of
+        calibration.
+
+        Example:
+            >>> k = KindError((0.1,), (0.02,), (0.03,), (10,), (2,), agreement=(0.8,), loss_agreement=(0.9,),
+            ...               loss_scale=(0.01,), weight=(0.0,), order_agreement=(0.9,), order_scale=(0.01,))
+            >>> RankingError({"lambda": k}).order_at(0.1, "lambda").name
+            'losses at the rung'
+        """
+        if not self.kinds:
+            return Order(1.0, None, "no ranking error was measured")
+        members = KIND_GROUPS.get(kind, (kind,))
+        measured = [k for k in members if k in self.kinds] or list(self.kinds)
+
+        def hardest(table: Mapping[str, KindError], kinds: Sequence[str]) -> tuple[float, float, str, str]:
+            rows = [(table[k].order_at(stop_fraction), k) for k in kinds if k in table]
+            (w, sigma, words), k = max(rows, key=lambda row: row[0][1])
+            return w, sigma, words, k
+
+        w, sigma, words, k = hardest(self.kinds, measured)
+        label = (f"{k} sweeps ({self.source})" if k == kind else
+                 f"{kind}: the hardest of {', '.join(measured)} ({k}, {self.source})")
+        if sigma >= NO_EVIDENCE:
+            return self._loss_fallback(stop_fraction, measured, f"{label}: no ranking evidence")
+        best = Order(w, sigma, f"{label}; {words}")
+        for pos in positions:
+            same = [g for g in self.cross_groups if g.position.axis == pos.axis and g.position.inside == pos.inside
+                    and any(m in g.kinds for m in measured)]
+            far = [g for g in same if g.position.distance >= pos.distance - 1e-9]
+            if same and not far:
+                farthest = max(g.position.distance for g in same)
+                far = [g for g in same if g.position.distance == farthest]
+            evidence = []
+            for g in far:
+                gw, gs, gwords, gk = hardest(g.kinds, measured)
+                if gs < NO_EVIDENCE:
+                    evidence.append(Order(gw, gs, f"{gk} sweeps at {g.position.axis} {g.value:g}, never seen by the fit "
+                                                  f"({g.position.words()}; this sweep: {pos.distance:.2f}); {gwords}"))
+            if not evidence:
+                return self._loss_fallback(stop_fraction, measured, f"no held-out sweeps at {pos.words()} hold ranking "
+                                           "evidence for the predicted finals")
+            worst = max(evidence, key=lambda o: o.scale or 0.0)
+            if (worst.scale or 0.0) > (best.scale or 0.0):
+                best = worst
+        return best
+
+    def _loss_fallback(self, stop_fraction: float, kinds: Sequence[str], why: str) -> Order:
+        """The losses at the rung, with their in-scale scale (None when not measured either)."""
+        scales = [s for s in (self.kinds[k].loss_order_at(stop_fraction) for k in kinds if k in self.kinds)
+                  if s is not None and s < NO_EVIDENCE]
+        if not scales:
+            return Order(0.0, None, f"{why}; the losses' order error is not measured either: "
+                                    "ranking by the losses at the rung, keeping only the top ⌈n/rf⌉")
+        return Order(0.0, max(scales), f"{why}: ranking by the losses at the rung (their order error, "
+                                       f"measured {self.source})")
+
     def to_dict(self) -> dict[str, Any]:
         return {"kinds": {k: v.to_dict() for k, v in self.kinds.items()},
                 "cross_scale": None if self.cross_scale is None else
                 {k: v.to_dict() for k, v in self.cross_scale.items()},
                 "source": self.source, "cross_scale_source": self.cross_scale_source,
-                "cross_groups": [g.to_dict() for g in self.cross_groups]}
+                "cross_groups": [g.to_dict() for g in self.cross_groups],
+                "seed_noise": self.seed_noise, "seed_noise_source": self.seed_noise_source}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RankingError":
@@ -249,4 +385,5 @@ class RankingError:
         return cls({k: KindError.from_dict(v) for k, v in (data.get("kinds") or {}).items()},
                    None if cross is None else {k: KindError.from_dict(v) for k, v in cross.items()},
                    str(data.get("source", "leave-one-sweep-out")), data.get("cross_scale_source"),
-                   tuple(HeldOutGroup.from_dict(g) for g in data.get("cross_groups") or []))
+                   tuple(HeldOutGroup.from_dict(g) for g in data.get("cross_groups") or []),
+                   None if data.get("seed_noise") is None else float(data["seed_noise"]), data.get("seed_noise_source"))
