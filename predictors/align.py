@@ -16,7 +16,7 @@ The segment is [max(min_start, start_ratio·s), s] where s is the last observed 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
 
 import numpy as np
@@ -108,12 +108,40 @@ class CollapseResiduals:
         residual: ℓ_run − ℓ_ref at those points (normalised-loss units).
         final_loss: the early-align divisor L(T) of the run.
         window: the (start, end) t̂ window the divisor was aligned over.
+        reference: ℓ_ref at ``t_hat`` (so the relative residual ℓ_run/ℓ_ref − 1 is
+            ``residual / reference``, what ``predictors.monitor`` watches).
     """
 
     t_hat: np.ndarray
     residual: np.ndarray
     final_loss: float
     window: tuple[float, float]
+    reference: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+
+def reference_at(
+    t: np.ndarray, reference: Any, controls: Controls | None = None, *, name: str = "reference"
+) -> tuple[np.ndarray, np.ndarray]:
+    """ℓ_ref at the validated, increasing points ``t``: (mask of the points it covers, ℓ_ref there).
+
+    ``reference`` is a Predictor (needs ``controls``; ℓ_ref = ℓ̂, every point covered) or a
+    reference normalised curve: a ``Curve`` (its normalised loss) or a ``(t̂, ℓ)`` pair,
+    interpolated linearly; points outside its t̂ range are not covered. Raises ``ValueError``.
+    """
+    if hasattr(reference, "normalized_curve"):
+        if controls is None:
+            raise ValueError(f"{name}: a Predictor reference needs the run's controls")
+        return np.ones(t.size, dtype=bool), reference.normalized_curve(t, controls)
+    if hasattr(reference, "t_hat") and hasattr(reference, "normalized"):
+        t_ref, l_ref = reference.t_hat, reference.normalized
+    else:
+        try:
+            t_ref, l_ref = reference
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: reference must be a Predictor, a Curve or a (t_hat, ell) pair") from None
+    t_ref, l_ref = check_curve(t_ref, l_ref, min_points=2, name=f"{name}: reference")
+    inside = (t >= t_ref[0]) & (t <= t_ref[-1])
+    return inside, np.interp(t[inside], t_ref, l_ref)
 
 
 def collapse_residuals(
@@ -141,25 +169,8 @@ def collapse_residuals(
     lo, hi = (float(window[0]), float(window[1]))
     if not (0.0 <= lo < hi <= 1.0):
         raise ValueError(f"collapse_residuals: window must satisfy 0 ≤ start < end ≤ 1, got {window}")
-    if hasattr(reference, "normalized_curve"):
-        if controls is None:
-            raise ValueError("collapse_residuals: a Predictor reference needs the run's controls")
-        t_keep, y_keep = t, y
-        ref = reference.normalized_curve(t_keep, controls)
-    else:
-        if hasattr(reference, "t_hat") and hasattr(reference, "normalized"):
-            t_ref, l_ref = reference.t_hat, reference.normalized
-        else:
-            try:
-                t_ref, l_ref = reference
-            except (TypeError, ValueError):
-                raise ValueError(
-                    "collapse_residuals: reference must be a Predictor, a Curve or a (t_hat, ell) pair"
-                ) from None
-        t_ref, l_ref = check_curve(t_ref, l_ref, min_points=2, name="collapse_residuals: reference")
-        inside = (t >= t_ref[0]) & (t <= t_ref[-1])
-        t_keep, y_keep = t[inside], y[inside]
-        ref = np.interp(t_keep, t_ref, l_ref)
+    inside, ref = reference_at(t, reference, controls, name="collapse_residuals")
+    t_keep, y_keep = t[inside], y[inside]
     in_window = (t_keep >= lo) & (t_keep <= hi)
     if int(in_window.sum()) < 2:
         raise ValueError(
@@ -169,7 +180,7 @@ def collapse_residuals(
     divisor = align_divisor(y_keep[in_window], ref[in_window], objective)
     if not math.isfinite(divisor) or divisor <= 0:
         raise ValueError("collapse_residuals: alignment gave a non-finite divisor")
-    return CollapseResiduals(t_keep, equations.normalized_loss(y_keep, divisor) - ref, divisor, (lo, hi))
+    return CollapseResiduals(t_keep, equations.normalized_loss(y_keep, divisor) - ref, divisor, (lo, hi), ref)
 
 
 def check_segment(segment: Any) -> tuple[float, float]:

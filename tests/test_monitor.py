@@ -1,0 +1,123 @@
+"""The collapse-residual monitor (predictors.monitor, paper §4): residual, band, detector."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from predictors import Controls, Curve, Predictor, SurrogateParams
+from predictors.monitor import (
+    MONITOR_WINDOW,
+    DetectorRule,
+    NoiseBand,
+    alignment_window,
+    calibrate_band,
+    monitor_curve,
+)
+from predictors.schedules import Schedule
+
+PRED = Predictor(SurrogateParams(0.3, -0.3, 2.0, -0.2, m=0.1))
+C = Controls(0.2, 20.0, Schedule("linear", 0.1))
+T = np.linspace(0.002, 1.0, 500)
+
+
+def clean(seed: int, final: float = 2.0, noise: float = 0.002) -> np.ndarray:
+    """A run on the predictor's shape with smooth multiplicative noise (a 2% trailing mean of
+    per-point noise), like a smoothed training loss."""
+    rng = np.random.default_rng(seed)
+    raw = rng.normal(0.0, noise * np.sqrt(10), T.size)
+    smooth = np.convolve(raw, np.ones(10) / 10, mode="same")
+    return final * PRED.normalized_curve(T, C) * (1.0 + smooth)
+
+
+BAND = calibrate_band([Curve(T, clean(s, final=1.5 + 0.1 * s), C) for s in range(20)], PRED, source="test")
+
+
+def drift(y: np.ndarray, start: float, amount: float) -> np.ndarray:
+    """+amount by the end of training, growing linearly from ``start``."""
+    return y * (1.0 + amount * np.clip((T - start) / (1.0 - start), 0.0, 1.0))
+
+
+def test_window_ends_before_the_faults_it_is_meant_to_catch():
+    # The stated window: 0.15-0.30 after the trainer's 10% warmup; a longer warmup moves it later.
+    assert MONITOR_WINDOW == (0.15, 0.30)
+    assert alignment_window(0.1) == pytest.approx((0.15, 0.30))
+    assert alignment_window(0.0) == (0.15, 0.30)
+    assert alignment_window(0.25) == pytest.approx((0.30, 0.45))
+    # A drift that starts where the window ends leaves L̂(T) untouched: the divisor is the run's
+    # true final loss before the drift, and the residual at the drift start is ~0.
+    y = clean(100)
+    r = monitor_curve(T, drift(y, 0.30, 0.05), PRED, C, band=BAND)
+    assert r.final_loss == pytest.approx(2.0, rel=0.005)
+    assert abs(np.interp(0.3, r.t_hat, r.residual)) < 0.01
+
+
+def test_clean_curves_do_not_alarm():
+    for seed in range(100, 110):
+        r = monitor_curve(T, clean(seed, final=1.7), PRED, C, band=BAND)
+        assert r.status == "ok" and r.first_alarm is None, seed
+
+
+@pytest.mark.parametrize("start", [0.3, 0.45, 0.6])
+def test_a_drifted_copy_alarms_after_its_start(start):
+    y = clean(200)
+    r = monitor_curve(T, drift(y, start, 0.03), PRED, C, band=BAND)
+    assert r.status == "alarm" and r.direction == "above"
+    assert start < r.exceed_since < r.first_alarm < 1.0
+    assert r.first_alarm - r.exceed_since >= BAND.rule.span
+    # The raw loss still falls where the alarm is raised: the residual sees what the loss does not.
+    i = int(np.searchsorted(T, r.first_alarm))
+    drifted = drift(y, start, 0.03)
+    assert drifted[i] < drifted[int(np.searchsorted(T, start))]
+
+
+def test_a_drop_below_the_shape_alarms_too():
+    r = monitor_curve(T, drift(clean(201), 0.5, -0.03), PRED, C, band=BAND)
+    assert r.alarm and r.direction == "below" and r.exceed_since > 0.5
+
+
+def test_warmup_is_never_judged():
+    # A warmup far from the reference shape (+30% up to t̂ = 0.1) neither alarms nor moves L̂(T).
+    y = clean(300) * np.where(T < 0.1, 1.3, 1.0)
+    r = monitor_curve(T, y, PRED, C, band=BAND)
+    assert r.status == "ok" and not r.judged[T[: r.t_hat.size] <= 0.3].any()
+    # A live run still inside its window is "aligning", never alarmed.
+    n = int(np.searchsorted(T, 0.25))
+    assert monitor_curve(T[:n], y[:n] * 1.5, PRED, C, band=BAND).status == "aligning"
+
+
+def test_a_marked_restart_does_not_alarm_and_an_unmarked_one_does():
+    # After a restart at t̂ = 0.6 the smoothed loss jumps 5% and recovers over 0.04 of training.
+    y = clean(400)
+    bump = 0.05 * np.clip(1.0 - (T - 0.6) / 0.04, 0.0, 1.0) * (T >= 0.6)
+    y = y * (1.0 + bump)
+    assert monitor_curve(T, y, PRED, C, band=BAND, restarts=[0.6]).status == "ok"
+    unmarked_rule = dataclasses.replace(BAND, rule=DetectorRule(span=0.02))
+    assert monitor_curve(T, y, PRED, C, band=unmarked_rule).status == "alarm"
+    assert monitor_curve(T, y, PRED, C, band=unmarked_rule, restarts=[0.6]).status == "ok"
+    # A drift that continues past the grace still alarms.
+    r = monitor_curve(T, drift(y, 0.6, 0.05), PRED, C, band=BAND, restarts=[0.6])
+    assert r.alarm and r.exceed_since > 0.6 + BAND.rule.restart_grace
+
+
+def test_reference_curve_of_matching_controls():
+    # The paper's way: a smaller run of the same τ, TPP and schedule as the reference.
+    ref = Curve(T, clean(500, final=3.0), C)
+    assert monitor_curve(T, clean(501), ref, band=BAND).status == "ok"
+    assert monitor_curve(T, drift(clean(501), 0.4, 0.04), ref, band=BAND).alarm
+
+
+def test_band_round_trip_and_bad_fields():
+    doc = BAND.to_dict()
+    assert NoiseBand.from_dict(doc) == BAND
+    assert BAND.n_curves == 20 and max(BAND.scale) < 0.01
+    with pytest.raises(ValueError, match="scale"):
+        NoiseBand.from_dict({**doc, "scale": doc["scale"][:-1]})
+    with pytest.raises(ValueError, match="unknown field"):
+        NoiseBand.from_dict({**doc, "extra": 1})
+    with pytest.raises(ValueError, match="z must be > 0"):
+        NoiseBand.from_dict({**doc, "rule": {"z": 0.0}})
+    with pytest.raises(ValueError, match="at least 3"):
+        calibrate_band([Curve(T, clean(1), C)], PRED)
+    with pytest.raises(ValueError, match="non-finite"):
+        monitor_curve(T, np.where(T > 0.5, np.nan, 2.0), PRED, C)
