@@ -299,6 +299,12 @@ def fit_and_report(
         if ranking is None:
             notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
                          "only one of η, B, λ at one TPP, size and seed)")
+    band = monitor_band(curves, chosen.predictor)
+    if band is None:
+        notes.append("monitor band not measured: fewer than 3 complete curves the predictor covers")
+    else:
+        chosen = dataclasses.replace(chosen, predictor=dataclasses.replace(chosen.predictor, monitor=band))
+        results[chosen_mode] = chosen
     chosen.predictor.save(predictor_path)
     summary = _calibration_summary(curves, results, chosen_mode, held, notes, choices)
     # Strict JSON: a coverage or error that could not be measured is null, never a bare NaN.
@@ -308,6 +314,19 @@ def fit_and_report(
     summary["predictor"] = str(predictor_path)
     summary["report_dir"] = str(out)
     return summary
+
+
+def monitor_band(curves: list, predictor: Any) -> Any:
+    """The collapse-residual noise band (``predictors.monitor``) of the clean calibration curves
+    against the fitted predictor, in-sample: the predictor's ``monitor`` section. None when
+    fewer than 3 curves are covered (scripts/add_monitor_band.py adds the same section to a shipped file)."""
+    from predictors.monitor import calibrate_band
+
+    try:
+        return calibrate_band(curves, predictor, source=f"{len(curves)} clean calibration curves, "
+                                                       "residual against the fitted predictor (in-sample)")
+    except ValueError:
+        return None
 
 
 def _progress(message: str) -> None:

@@ -34,6 +34,7 @@ from predictors.io import atomic_write_json, json_safe, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
 from predictors.ranking import Order, Position, RankingError
+from predictors.monitor import UNCALIBRATED_BAND, NoiseBand
 from predictors.references import ReferenceCurves
 from predictors.surrogate import SurrogateParams
 
@@ -192,6 +193,8 @@ class Predictor:
             (``predictors.references``): when set, a run whose controls match one gets ℓ from
             them, interpolated in log N (paper §5 steps 2–3), and every other run the
             surrogate. ``hpo calibrate`` sets it when leave-one-size-out says it predicts better.
+        monitor: the noise band of the collapse residual on clean runs and the detector rule
+            (``predictors.monitor``; measured by ``hpo calibrate``), or None.
     """
 
     params: SurrogateParams
@@ -201,6 +204,7 @@ class Predictor:
     provenance: dict[str, Any] = field(default_factory=dict)
     ranking_error: Optional[RankingError] = None
     references: Optional[ReferenceCurves] = None
+    monitor: Optional[NoiseBand] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SurrogateParams):
@@ -211,6 +215,8 @@ class Predictor:
             raise ValueError("ranking_error: must be a RankingError")
         if self.references is not None and not isinstance(self.references, ReferenceCurves):
             raise ValueError("references: must be a ReferenceCurves")
+        if self.monitor is not None and not isinstance(self.monitor, NoiseBand):
+            raise ValueError("monitor: must be a NoiseBand")
         object.__setattr__(self, "_warned", set())
         # Small per-controls cache of (b, q, η(1)): the scheduler calls predict_final many
         # times for the same few trials.
@@ -439,6 +445,11 @@ class Predictor:
         p = self.params
         return equations.surrogate(t, controls.schedule(t), eta1, b, q, p.m_at(controls.n_params), p.eps1, p.eps2)
 
+    @property
+    def monitor_band(self) -> NoiseBand:
+        """The calibrated noise band of the collapse residual, else the flat uncalibrated one."""
+        return UNCALIBRATED_BAND if self.monitor is None else self.monitor
+
     # ------------------------------------------------------------- prediction
     def predict_final(
         self,
@@ -567,6 +578,7 @@ class Predictor:
             "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
             "ranking_error": None if self.ranking_error is None else self.ranking_error.to_dict(),
             "references": None if self.references is None else self.references.to_dict(),
+            "monitor": None if self.monitor is None else self.monitor.to_dict(),
             "provenance": json_safe(self.provenance),
         }
 
@@ -596,11 +608,12 @@ class Predictor:
                 )
             re_ = None if doc.ranking_error is None else RankingError.from_dict(doc.ranking_error)
             refs = None if doc.references is None else ReferenceCurves.from_dict(doc.references)
+            band = None if doc.monitor is None else NoiseBand.from_dict(doc.monitor, source="monitor")
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{source}: invalid predictor file: ranking_error, references or groups: {exc!r}"
                              if isinstance(exc, (KeyError, TypeError)) else
                              f"{source}: invalid predictor file: {exc}") from None
-        return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_, refs)
+        return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_, refs, band)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the predictor as strict JSON (atomically) and return the path."""
@@ -717,6 +730,8 @@ class PredictorFile(_Strict):
     ranking_error: Optional[dict[str, Any]] = None
     # Validated by predictors.references.ReferenceCurves.from_dict (version 4).
     references: Optional[dict[str, Any]] = None
+    # Validated by predictors.monitor.NoiseBand.from_dict (an optional section; no version bump).
+    monitor: Optional[dict[str, Any]] = None
     provenance: dict[str, Any] = Field(default_factory=dict)
 
 

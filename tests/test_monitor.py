@@ -121,3 +121,17 @@ def test_band_round_trip_and_bad_fields():
         calibrate_band([Curve(T, clean(1), C)], PRED)
     with pytest.raises(ValueError, match="non-finite"):
         monitor_curve(T, np.where(T > 0.5, np.nan, 2.0), PRED, C)
+
+
+def test_the_band_is_saved_in_the_predictor_and_measured_by_calibrate(tmp_path):
+    from hpo.calibrate import monitor_band
+
+    curves = [Curve(T, clean(s), C, {"name": f"run{s}"}) for s in range(5)]
+    band = monitor_band(curves, PRED)
+    assert band.n_curves == 5 and "in-sample" in band.source
+    assert monitor_band(curves[:2], PRED) is None  # too few runs for a spread
+    pred = dataclasses.replace(PRED, monitor=band)
+    back = Predictor.load(pred.save(tmp_path / "p.json"))
+    assert back.monitor == band and back.monitor_band == band
+    assert PRED.monitor_band.n_curves == 0 and "uncalibrated" in PRED.monitor_band.source
+
