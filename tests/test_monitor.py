@@ -135,3 +135,11 @@ def test_the_band_is_saved_in_the_predictor_and_measured_by_calibrate(tmp_path):
     assert back.monitor == band and back.monitor_band == band
     assert PRED.monitor_band.n_curves == 0 and "uncalibrated" in PRED.monitor_band.source
 
+
+def test_the_shipped_predictor_carries_a_band():
+    from hpo.data import default_predictor_path
+
+    pred = Predictor.load(default_predictor_path())
+    band = pred.monitor_band
+    assert band.n_curves >= 50 and band.window == MONITOR_WINDOW
+    assert 0.002 < min(band.scale) <= max(band.scale) < 0.05
