@@ -250,23 +250,42 @@ def kind_groups(items: Mapping[str, Mapping[str, Any]], kind: str) -> list[list[
 @dataclass(frozen=True)
 class Margin:
     """The keep-margin of one rung: ``value`` in log units, from the ranking scale ``sigma`` of
-    the sweep's ``kind`` (0 when the predictor states none), and where it came from."""
+    the order the rung ranks by (``weight``: 1 = the predicted finals, 0 = the losses at the
+    rung, between: the blend w·log P + (1 − w)·log L; ``predictors.ranking.Order``) for the
+    sweep's ``kind``; ``tolerance`` (log units, relative to the best's predicted final) is how
+    close counts as the same result (``tolerance_loss`` when given in loss units);
+    ``words`` says where each came from."""
 
     value: float
     sigma: float
     kind: str
     words: str
+    weight: float = 1.0
+    tolerance: float = 0.0
+    tolerance_loss: Optional[float] = None
+
+    @property
+    def order(self) -> str:
+        from predictors.ranking import Order
+
+        return Order(self.weight, None, "").name
 
 
 def rung_margin(
     predictor: Any, stop_fraction: float, trials: Sequence[Mapping[str, Any]],
     controls: Sequence[Controls | Mapping[str, Any]] = (), *, margin: str | float = "calibrated",
-    z: float = DEFAULT_MARGIN_Z,
+    z: float = DEFAULT_MARGIN_Z, tolerance: Optional[float] = None,
 ) -> Margin:
-    """The margin of a rung at ``stop_fraction`` for these trials (their :func:`sweep_values`
-    and controls): z·σ with σ the predictor's ranking scale for the kind of sweep they form
-    (``Predictor.ranking_scale``: the cross-scale one when a trial is off the calibrated
-    scale), or the fixed log margin ``margin`` when it is a number."""
+    """The order and margin of a rung at ``stop_fraction`` for these trials (their
+    :func:`sweep_values` and controls): the order the predictor's ranking error chose for the
+    kind of sweep they form (``Predictor.ranking_order``: off the calibrated scale, the error
+    of held-out sweeps as far, else the losses at the rung), and z·σ of that order; or the
+    fixed log margin ``margin`` on the predicted finals when it is a number.
+
+    ``tolerance`` (loss units; None: the seed noise the predictor measured) is how close two
+    finals must be to count as the same: a trial is worth keeping past ⌈n/rf⌉ only if it could
+    end better than the best by more than that (:func:`keep_rule`).
+    """
     kind = sweep_kind(list(trials))
     ctrl = []
     for c in controls:
@@ -274,16 +293,31 @@ def rung_margin(
             ctrl.append(c if isinstance(c, Controls) else Controls.from_mapping(c or {}))
         except (KeyError, ValueError, TypeError):
             pass
-    scale_of = getattr(predictor, "ranking_scale", None)
-    sigma, words = 0.0, "the predictor states no ranking error"
-    if callable(scale_of):
+    noise = finite_or_none(getattr(predictor, "seed_noise", None))
+    if tolerance is not None:
+        tol_log, tol_loss, tol_words = 0.0, float(tolerance), f"tolerance {float(tolerance):.4g} (loss units)"
+    elif noise is not None:
+        tol_log, tol_loss, tol_words = noise, None, f"tolerance = seed noise {100 * noise:.2f}%"
+    else:
+        tol_log, tol_loss, tol_words = 0.0, None, "no seed noise measured: tolerance 0"
+    order_of = getattr(predictor, "ranking_order", None)
+    scale_of = getattr(predictor, "ranking_scale", None)  # a predictor that states only a scale
+    weight, sigma, words = 1.0, None, "the predictor states no ranking error"
+    if callable(order_of):
+        order = order_of(stop_fraction, kind, ctrl)
+        weight, sigma, words = order.weight, order.scale, order.words
+    elif callable(scale_of):
         sigma, words = scale_of(stop_fraction, kind, ctrl)
         sigma = float(sigma)
     if margin != "calibrated":
-        return Margin(float(margin), sigma, kind, f"fixed margin {100 * float(margin):.2f}%")
-    if sigma == 0.0:
-        return Margin(0.0, 0.0, kind, f"{words}: margin 0")
-    return Margin(float(z) * sigma, sigma, kind, f"{z:g} × ranking scale {100 * sigma:.2f}% ({words})")
+        return Margin(float(margin), sigma or 0.0, kind, f"fixed margin {100 * float(margin):.2f}% on the predicted finals",
+                      1.0, tol_log, tol_loss)
+    name = Margin(0, 0, kind, "", weight).order
+    if not sigma:
+        return Margin(0.0, 0.0, kind, f"order: {name}; {words}; its error unknown: margin 0, {tol_words}",
+                      weight, tol_log, tol_loss)
+    return Margin(float(z) * sigma, sigma, kind, f"order: {name}; {z:g} × ranking scale {100 * sigma:.2f}% ({words}); "
+                  f"{tol_words}", weight, tol_log, tol_loss)
 
 
 # ---------------------------------------------------------------------- the keep rule
@@ -328,9 +362,17 @@ class KeepDecision:
     kept_all: bool
 
 
-def _rank_key(c: Candidate) -> tuple[float, float, str]:
-    return (math.log(c.predicted) if c.predicted else math.inf,
-            c.loss if c.loss is not None and math.isfinite(c.loss) else math.inf, c.trial_id)
+def score(c: Candidate, weight: float = 1.0) -> float:
+    """The log-score a rung ranks by: w·log(predicted final) + (1 − w)·log(loss at the rung)
+    (the predicted final alone when the loss is unknown); lower is better."""
+    log_p = math.log(c.predicted) if c.predicted else math.inf
+    if weight >= 1.0 or c.loss is None or not (math.isfinite(c.loss) and c.loss > 0):
+        return log_p
+    return weight * log_p + (1.0 - weight) * math.log(c.loss)
+
+
+def _rank_key(c: Candidate, weight: float = 1.0) -> tuple[float, float, str]:
+    return (score(c, weight), c.loss if c.loss is not None and math.isfinite(c.loss) else math.inf, c.trial_id)
 
 
 def _fmt(c: Candidate) -> str:
@@ -346,14 +388,28 @@ def current_best(candidates: Iterable[Candidate]) -> Optional[str]:
 
 def keep_rule(
     candidates: Sequence[Candidate], *, last: bool, reduction_factor: float, margin: float,
-    margin_words: str = "",
+    margin_words: str = "", weight: float = 1.0, tolerance: float = 0.0, tolerance_loss: Optional[float] = None,
 ) -> KeepDecision:
-    """Apply the keep rule (module docstring) to every trial at one rung."""
+    """Apply the keep rule (module docstring) to every trial at one rung, ranking by
+    :func:`score` with ``weight``. ``tolerance`` (log units) or ``tolerance_loss`` (loss units,
+    relative to the best's predicted final) is how close counts as the same result: the margin
+    shrinks by it (a trial kept past ⌈n/rf⌉ must be able to end better than the best by more),
+    and when every ranked trial lies within it the rung keeps ⌈n/rf⌉, never everyone.
+
+    Example:
+        >>> cands = [Candidate("a", 2.000, 2.3), Candidate("b", 2.004, 2.3), Candidate("c", 2.006, 2.3),
+        ...          Candidate("d", 2.008, 2.3)]
+        >>> keep_rule(cands, last=False, reduction_factor=2, margin=0.02, tolerance=0.01).kept
+        ('a', 'b')
+    """
     if not reduction_factor > 1.0:
         raise ValueError(f"reduction_factor: must be > 1, got {reduction_factor!r}")
     if not (margin >= 0.0 and math.isfinite(margin)):
         raise ValueError(f"margin: must be a finite number >= 0, got {margin!r}")
-    ranked = sorted((c for c in candidates if c.predicted is not None and c.predicted > 0), key=_rank_key)
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"weight: must lie in [0, 1], got {weight!r}")
+    ranked = sorted((c for c in candidates if c.predicted is not None and c.predicted > 0),
+                    key=lambda c: _rank_key(c, weight))
     ranked_ids = {c.trial_id for c in ranked}
     unranked = [c for c in candidates if c.trial_id not in ranked_ids]
     n = len(ranked)
@@ -363,12 +419,20 @@ def keep_rule(
     stopped: list[str] = []
     words = f" ({margin_words})" if margin_words else ""
     best = ranked[0] if ranked else None
-    spread = math.log(ranked[-1].predicted / best.predicted) if n > 1 and best else 0.0  # type: ignore[operator]
+    if tolerance_loss is not None and best is not None:
+        tolerance = max(float(tolerance_loss), 0.0) / float(best.predicted)  # type: ignore[arg-type]
+    tolerance = max(float(tolerance), 0.0)
+    spread = score(ranked[-1], weight) - score(best, weight) if n > 1 and best else 0.0
+    # Keeping a trial past ⌈n/rf⌉ buys at most what it could still win over the best: the
+    # margin less the tolerance. Everyone within the tolerance: no trial can matter, ⌈n/rf⌉.
+    within_tolerance = n > 1 and spread <= tolerance + 1e-12
+    margin = 0.0 if within_tolerance else max(float(margin) - tolerance, 0.0)
     # A margin of 0 keeps exactly the rule's survivors, even on an exact tie.
     kept_all = n > 1 and margin > 0 and spread <= margin + 1e-12
+    by = "" if weight >= 1.0 else f" (ranked by {Margin(0, 0, '', '', weight).order})"
     for i, c in enumerate(ranked):
-        gap = math.log(c.predicted / best.predicted)  # type: ignore[operator, union-attr]
-        place = f"predicted {_fmt(c)} is {i + 1} of {n}"
+        gap = score(c, weight) - score(best, weight)  # type: ignore[arg-type]
+        place = f"predicted {_fmt(c)}{by} is {i + 1} of {n}"
         if i < n_rule:
             kept.append(c.trial_id)
             reasons[c.trial_id] = (f"{place}: the predicted best" if i == 0 else
@@ -379,6 +443,10 @@ def keep_rule(
         else:
             stopped.append(c.trial_id)
             reasons[c.trial_id] = f"{place}, {100 * gap:.2f}% above the best: beyond the margin {100 * margin:.2f}%{words}"
+    if within_tolerance:
+        for c in ranked[n_rule:]:
+            reasons[c.trial_id] += (f"; all {n} lie within the tolerance {100 * tolerance:.2f}% of the best "
+                                    f"(the same result within seed noise): keeping the top {n_rule}")
     if kept_all:
         for c in ranked:
             reasons[c.trial_id] = (f"predicted {_fmt(c)}; the spread of all {n} predictions, {100 * spread:.2f}%, "
@@ -392,7 +460,8 @@ def keep_rule(
 
 def judge_arrival(
     recorded: Sequence[Candidate], arrival: Candidate, *, last: bool, reduction_factor: float,
-    margin: float, margin_words: str = "",
+    margin: float, margin_words: str = "", weight: float = 1.0, tolerance: float = 0.0,
+    tolerance_loss: Optional[float] = None,
 ) -> tuple[bool, str]:
     """One trial judged against the predictions already recorded at a rung (async mode and
     late arrivals, as ASHA judges): the keep rule over recorded + arrival, and whether the
@@ -403,7 +472,7 @@ def judge_arrival(
     if not others:
         return True, f"predicted {_fmt(arrival)}: the first prediction recorded at this rung"
     decision = keep_rule([*others, arrival], last=last, reduction_factor=reduction_factor, margin=margin,
-                         margin_words=margin_words)
+                         margin_words=margin_words, weight=weight, tolerance=tolerance, tolerance_loss=tolerance_loss)
     keep = arrival.trial_id in decision.kept
     return keep, decision.reasons[arrival.trial_id] + f" (against {len(others)} recorded)"
 
@@ -478,6 +547,6 @@ def is_finished(train_fraction: float) -> bool:
 __all__ = [
     "Candidate", "DEFAULT_MARGIN_Z", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
     "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished", "judge_arrival",
-    "keep_rule", "kind_groups", "Margin", "predict_at_rung", "probability_best", "rung_margin", "sweep_kind",
+    "keep_rule", "kind_groups", "Margin", "predict_at_rung", "probability_best", "rung_margin", "score", "sweep_kind",
     "sweep_values",
 ]

@@ -110,6 +110,10 @@ class CollapseScheduler(FIFOScheduler):
         margin_z: the calibrated margin in ranking-scale units (default 0.25: stop a trial
             when its chance of ending better than the predicted best is below Φ(−0.25) ≈ 40%;
             ``hpo.rules.DEFAULT_MARGIN_Z`` says how it was chosen).
+        tolerance: how close two final losses must be to count as the same result (loss
+            units; None: the seed noise the predictor measured). A trial is kept past
+            ⌈n/rf⌉ only if it could end better than the best by more; a rung whose trials
+            all lie within it keeps ⌈n/rf⌉ (``hpo.rules.keep_rule``).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
         state_path: where ``scheduler_state.json`` is written after every rung decision (and,
             throttled, on results); the curves go to the append-only
@@ -142,7 +146,7 @@ class CollapseScheduler(FIFOScheduler):
         self, *, predictor: Any, metric: Optional[str] = None, mode: Optional[str] = None,
         time_attr: str = "train_fraction", rungs: Sequence[float] = (0.1, 0.2, 0.3),
         reduction_factor: float = 2, margin: Union[str, float] = "calibrated",
-        margin_z: float = rules.DEFAULT_MARGIN_Z, decision_mode: str = "sync",
+        margin_z: float = rules.DEFAULT_MARGIN_Z, tolerance: Optional[float] = None, decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_decision: Optional[Callable[[Dict[str, Any]], None]] = None,
@@ -171,7 +175,10 @@ class CollapseScheduler(FIFOScheduler):
         self._predictor = predictor
         self._metric, self._mode, self._time_attr = metric, mode, time_attr
         self._rungs, self._rf = fractions, float(reduction_factor)
+        if tolerance is not None and not (math.isfinite(float(tolerance)) and float(tolerance) >= 0):
+            raise ValueError(f"tolerance: must be a finite loss difference >= 0, got {tolerance!r}")
         self._margin, self._z = margin, float(margin_z)
+        self._tolerance = None if tolerance is None else float(tolerance)
         self._decision_mode = decision_mode
         self._state_path = Path(state_path).resolve() if state_path is not None else None
         self._on_early_answer = on_early_answer
@@ -236,7 +243,7 @@ class CollapseScheduler(FIFOScheduler):
     def _settings(self) -> dict[str, Any]:
         return {"metric": self._metric, "mode": self._mode, "time_attr": self._time_attr,
                 "rungs": list(self._rungs), "reduction_factor": self._rf, "margin": self._margin,
-                "margin_z": self._z, "decision_mode": self._decision_mode, "min_points": self._min_points}
+                "margin_z": self._z, "tolerance": self._tolerance, "decision_mode": self._decision_mode, "min_points": self._min_points}
 
     # ------------------------------------------------------------------ persistence
 
@@ -330,7 +337,8 @@ class CollapseScheduler(FIFOScheduler):
         """The margin of rung ``r`` for these trials (:func:`hpo.rules.rung_margin`)."""
         recs = [self._state.trials[t] for t in trial_ids if t in self._state.trials]
         return rules.rung_margin(self._predictor, self._rungs[r], [rec.sweep_values for rec in recs],
-                                 [rec.controls for rec in recs if rec.controls is not None], margin=self._margin, z=self._z)
+                                 [rec.controls for rec in recs if rec.controls is not None], margin=self._margin, z=self._z,
+                                 tolerance=self._tolerance)
 
     def _entry(self, rec: TrialRecord, r: int) -> RungEntry:
         t, y = zip(*rec.history)
@@ -383,11 +391,12 @@ class CollapseScheduler(FIFOScheduler):
                         if tid != rec.trial_id and e.decision != "pending"]
             m = self._margin_at(r, [*(c.trial_id for c in recorded), rec.trial_id])
             keep, reason = rules.judge_arrival(recorded, self._candidate(entry), last=self._is_last(r),
-                                               reduction_factor=self._rf, margin=m.value, margin_words=m.words)
+                                               reduction_factor=self._rf, margin=m.value, margin_words=m.words,
+                                               weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
             entry.decision = self._words(r, keep, rec)
             entry.reason = ("late arrival: " if self._decision_mode != "async" else "") + reason
             entry.late, entry.decided_at, entry.compute_fraction = True, utc_now(), self.compute_fraction()
-            rung.margin, rung.margin_source, rung.kind = m.value, m.words, m.kind
+            rung.margin, rung.margin_source, rung.kind, rung.order_weight = m.value, m.words, m.kind, m.weight
             if keep:
                 if rec.trial_id not in rung.survivors:
                     rung.survivors.append(rec.trial_id)
@@ -432,7 +441,8 @@ class CollapseScheduler(FIFOScheduler):
                 participants.append(e)
         m = self._margin_at(r, [e.trial_id for e in participants])
         decision = rules.keep_rule([self._candidate(e) for e in participants], last=self._is_last(r),
-                                   reduction_factor=self._rf, margin=m.value, margin_words=m.words)
+                                   reduction_factor=self._rf, margin=m.value, margin_words=m.words,
+                                   weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
         to_stop: list[TrialRecord] = []
         for e in participants:
             rec = self._state.trials[e.trial_id]
@@ -453,7 +463,7 @@ class CollapseScheduler(FIFOScheduler):
         rung.survivors = sorted(decision.kept, key=order.__getitem__)
         rung.n_keep = len(rung.survivors)
         rung.predicted_best, rung.current_best = decision.predicted_best, decision.current_best
-        rung.margin, rung.margin_source, rung.kind = m.value, m.words, m.kind
+        rung.margin, rung.margin_source, rung.kind, rung.order_weight = m.value, m.words, m.kind, m.weight
         logger.info("CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
                     fraction, self._decision_mode, rung.n_keep, len(participants), rung.survivors)
         # Losers are marked stopped before the decision is persisted: a driver killed between
@@ -524,15 +534,16 @@ class CollapseScheduler(FIFOScheduler):
         kept = [rung.entries[t] for t in rung.survivors if rung.entries[t].predicted_final_loss is not None]
         if not kept:
             return
-        best = min(kept, key=lambda e: (math.log(e.predicted_final_loss), e.smoothed_loss or math.inf, e.trial_id))
-        # P(best): every trial's latest prediction, log-normal with the ranking scale / √2 of its rung.
-        latest = [(tid, rec.latest_prediction) for tid, rec in self._state.trials.items()
-                  if rec.latest_prediction and rec.status != "diverged"]
-        ids = [t for t, _ in latest]
-        scales = {f: self._margin_at(j, ids).sigma for j, f in enumerate(self._rungs)}
-        sigmas = [max(scales.get(lp["rung"], scales[self._rungs[r]]), 1e-6) / math.sqrt(2) for _, lp in latest]
-        p_best = rules.probability_best([math.log(lp["final_loss"]) for _, lp in latest], sigmas)
-        probability = dict(zip([t for t, _ in latest], p_best)).get(best.trial_id)
+        weight = rung.order_weight
+        best = min(kept, key=lambda e: rules._rank_key(self._candidate(e), weight))
+        # P(best) among the trials ranked at this rung, by the rung's order: each score
+        # normal with the order's ranking scale / √2 (a pair's difference has the scale).
+        ranked = [e for e in rung.entries.values() if e.predicted_final_loss is not None]
+        m = self._margin_at(r, [e.trial_id for e in ranked])
+        sigma = max(m.sigma, 1e-6) / math.sqrt(2)
+        p_best = rules.probability_best([rules.score(self._candidate(e), weight) for e in ranked], [sigma] * len(ranked))
+        probability = dict(zip([e.trial_id for e in ranked], p_best)).get(best.trial_id) if m.sigma else None
+        latest = ranked
         value_error = getattr(self._predictor, "relative_error", None)
         rec = self._state.trials[best.trial_id]
         try:
@@ -544,6 +555,7 @@ class CollapseScheduler(FIFOScheduler):
             "uncertainty": best.uncertainty, "value_error": e_value,
             "probability_best": probability, "n_candidates": len(latest),
             "margin": rung.margin, "margin_text": self.margin_text(r), "kind": rung.kind,
+            "order": m.order, "order_weight": weight, "order_words": rung.margin_source,
             "kept_all": bool(rung.kept_all), "compute_fraction": self.compute_fraction(),
             "rung": self._rungs[r], "kept": list(rung.survivors), "current_best": rung.current_best,
             "decision_mode": self._decision_mode, "decided_at": utc_now(),

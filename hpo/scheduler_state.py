@@ -31,7 +31,7 @@ Schema (``version`` 2; version-1 files, with histories inline, still load)::
                             "n_params", "total_tokens", "latest_prediction": {"rung",
                             "train_fraction", "final_loss", "uncertainty"} | null, "sweep_values"}},
       "rungs": [{"index", "fraction", "decided", "decided_at", "n_participants", "n_keep",
-                 "margin", "margin_source", "kind", "kept_all", "survivors", "predicted_best",
+                 "margin", "margin_source", "kind", "order_weight", "kept_all", "survivors", "predicted_best",
                  "current_best", "compute_fraction",
                  "entries": {trial_id: {"trial_id", "train_fraction", "smoothed_loss",
                                         "n_points", "predicted_final_loss", "uncertainty",
@@ -152,6 +152,8 @@ class RungRecord:
         margin_source: where the margin came from, in words (the ranking error of which kind
             of sweep, or a fixed margin).
         kind: the kind of sweep the participants formed (``hpo.rules.sweep_kind``).
+        order_weight: the order the rung ranked by (``hpo.rules.score``: 1 = the predicted
+            finals, 0 = the losses at the rung, between: their blend).
         kept_all: True when the spread of all predicted finals was within the margin and
             everyone was kept.
         survivors: ids of the trials kept at the decision (late arrivals append).
@@ -170,6 +172,7 @@ class RungRecord:
     margin: float = 0.0
     margin_source: str = ""
     kind: str = ""
+    order_weight: float = 1.0
     kept_all: bool = False
     survivors: list[str] = field(default_factory=list)
     predicted_best: Optional[str] = None
@@ -192,6 +195,7 @@ class RungRecord:
         rung.margin = float(rung.margin or 0.0)
         rung.margin_source, rung.kind = str(rung.margin_source or ""), str(rung.kind or "")
         rung.kept_all = bool(rung.kept_all)
+        rung.order_weight = float(1.0 if rung.order_weight is None else rung.order_weight)
         rung.survivors = [str(s) for s in rung.survivors or []]
         rung.compute_fraction = _opt_float(rung.compute_fraction)
         rung.entries = {str(tid): RungEntry.from_dict(e) for tid, e in entries.items()}

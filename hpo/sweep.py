@@ -117,6 +117,7 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
         reduction_factor=config.scheduler.reduction_factor,
         margin=config.scheduler.margin,
         margin_z=config.scheduler.margin_z,
+        tolerance=config.scheduler.tolerance,
         decision_mode=config.scheduler.mode,
         state_path=output / STATE_FILE,
         on_early_answer=early_answer,

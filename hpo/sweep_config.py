@@ -98,6 +98,10 @@ class SchedulerSettings(_Strict):
     # See hpo.rules and hpo.scheduler.CollapseScheduler.
     margin: Union[str, float] = "calibrated"
     margin_z: float = DEFAULT_MARGIN_Z  # hpo.rules says how it was chosen
+    # How close two final losses must be to count as the same result, in loss units (None:
+    # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
+    # the top ceil(n/rf) only if it could still end better than the best by more than this.
+    tolerance: Optional[float] = Field(None, ge=0)
     metric: str = "loss"
 
     @field_validator("rungs")

@@ -327,7 +327,8 @@ class RankingError:
         if not self.kinds:
             return Order(1.0, None, "no ranking error was measured")
         members = KIND_GROUPS.get(kind, (kind,))
-        measured = [k for k in members if k in self.kinds] or list(self.kinds)
+        in_bank = [k for k in members if k in self.kinds]
+        measured = in_bank or list(self.kinds)
 
         def hardest(table: Mapping[str, KindError], kinds: Sequence[str]) -> tuple[float, float, str, str]:
             rows = [(table[k].order_at(stop_fraction), k) for k in kinds if k in table]
@@ -336,7 +337,8 @@ class RankingError:
 
         w, sigma, words, k = hardest(self.kinds, measured)
         label = (f"{k} sweeps ({self.source})" if k == kind else
-                 f"{kind}: the hardest of {', '.join(measured)} ({k}, {self.source})")
+                 f"no {kind} sweeps in the calibration: the hardest measured kind ({k}, {self.source})" if not in_bank
+                 else f"{kind}: the hardest of {', '.join(measured)} ({k}, {self.source})")
         if sigma >= NO_EVIDENCE:
             return self._loss_fallback(stop_fraction, measured, f"{label}: no ranking evidence")
         best = Order(w, sigma, f"{label}; {words}")
@@ -353,6 +355,12 @@ class RankingError:
                 if gs < NO_EVIDENCE:
                     evidence.append(Order(gw, gs, f"{gk} sweeps at {g.position.axis} {g.value:g}, never seen by the fit "
                                                   f"({g.position.words()}; this sweep: {pos.distance:.2f}); {gwords}"))
+            if not same and self.cross_scale and any(m in self.cross_scale for m in measured):
+                # No held-out group on this axis (older files): the pooled cross-scale table.
+                cw, cs, cwords, ck = hardest(self.cross_scale, measured)
+                if cs < NO_EVIDENCE:
+                    evidence.append(Order(cw, cs, f"{ck} sweeps across scales ({self.cross_scale_source or 'cross-scale'}; "
+                                                  f"this sweep: {pos.words()}); {cwords}"))
             if not evidence:
                 return self._loss_fallback(stop_fraction, measured, f"no held-out sweeps at {pos.words()} hold ranking "
                                            "evidence for the predicted finals")

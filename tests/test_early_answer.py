@@ -21,7 +21,7 @@ def test_early_answer_states_the_margin_and_compute(tmp_path: Path) -> None:
     # file holds the whole answer.
     text = format_early_answer(ANSWER)
     assert "lr=0.005" in text and "keep-margin 2.49%" in text and "18.7%" in text
-    assert "P(it is the best of the 6 trials): 73%" in text
+    assert "P(it is the best of the 6 trials ranked at this rung): 73%" in text
     assert "kept all" not in text
     EarlyAnswer(tmp_path)(ANSWER)
     assert json.loads((tmp_path / "predicted_best.json").read_text())["margin_text"].startswith("2.49%")
@@ -48,3 +48,12 @@ def test_early_answer_reads_at_80_columns() -> None:
     assert lines and max(len(line) for line in lines) <= 80
     text = "\n".join(lines)
     assert "calibrated for the order of the trials" in text and "~2.2%" in text
+
+
+def test_early_answer_says_which_order_it_used() -> None:
+    # Issue 25: the answer names the order the rung ranked by (predicted finals, the losses at
+    # the rung, or a blend) and why; without a measured ranking error it states no P(best).
+    text = format_early_answer({**ANSWER, "order": "losses at the rung", "order_weight": 0.0})
+    assert "ranked by losses at the rung" in text and "error is known" in text
+    text = format_early_answer({**ANSWER, "order": "predicted finals", "probability_best": None})
+    assert "ranked by predicted finals" in text and "P(best): not stated" in text

@@ -97,3 +97,35 @@ def test_ranking_error_is_measured_per_kind_of_sweep_on_held_out_sweeps():
     row = table.kinds["lambda"]
     assert row.n_groups == (2, 2) and row.n_pairs == (6, 6)
     assert all(s < 0.05 for s in row.scale) and all(r < 0.03 for r in row.rms), (row.scale, row.rms)
+
+
+def test_choose_order_takes_the_losses_where_their_order_is_better() -> None:
+    # Issue 25: the blend weight is the largest whose pairs are ordered no worse than by the
+    # losses at the rung. Predicted finals that get every pair backwards give w = 0 (the
+    # losses); predicted finals that order as well as the losses keep w = 1.
+    from hpo.held_out import agreement, choose_order
+
+    d_true = np.array([0.02, 0.05, -0.03, 0.01])
+    weights = np.ones(4)
+    d_loss = np.array([0.03, 0.04, -0.01, 0.02])  # all four right
+    w, share, pred_share, loss_share = choose_order(-d_true, d_loss, d_true, weights)
+    assert w == 0.0 and loss_share == 1.0 and pred_share == 0.0 and share == 1.0
+    w, share, pred_share, _ = choose_order(d_true * 0.5, d_loss, d_true, weights)
+    assert w == 1.0 and share == pred_share == 1.0
+    assert agreement(np.array([0.0, 1.0]), np.array([1.0, 1.0]), np.ones(2)) == 0.75  # a tie counts half
+
+
+def test_seed_noise_is_pooled_over_configs_run_with_several_seeds() -> None:
+    # The tolerance's default: the pooled spread of log final over seeds of one config; a bank
+    # with no repeated config measures none.
+    from hpo.held_out import seed_noise
+
+    def make_curve(tau: float, final: float, seed: int) -> Curve:
+        c = Controls(tau, 20.0, Schedule("linear"), n_params=1e5)
+        return Curve(T, final * TRUTH.normalized_curve(T, c), c, {"n_params": 1e5, "seed": seed,
+                                                                  "name": f"{tau}-{final}-{seed}"})
+
+    curves = [make_curve(0.3 if f < 2.4 else 0.1, f, s) for f, s in ((2.00, 1), (2.04, 2), (2.50, 1))]
+    noise, words = seed_noise(curves)
+    assert noise == pytest.approx(abs(np.log(2.04 / 2.00)) / np.sqrt(2), rel=1e-6) and "1 configs" in words
+    assert seed_noise(curves[:1] + curves[2:]) is None

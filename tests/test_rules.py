@@ -118,3 +118,29 @@ def test_the_cut_is_the_same_in_the_fit_error_and_at_the_rung() -> None:
         pred = rules.predict_at_rung(None, t, curve.loss, None, s)
         assert head_t.size == rung_cut(t, s) == pred.n_points
         assert head_t[-1] >= s - 1e-9 and (head_t.size == 1 or head_t[-2] < s)
+
+
+def test_keep_rule_ranks_by_the_order_it_is_given():
+    # Issue 25: weight 1 ranks by the predicted finals, weight 0 by the losses at the rung
+    # (current-best's order); the reasons say which order ranked a trial.
+    from hpo.rules import Candidate, keep_rule
+
+    cands = [Candidate("a", 2.00, 2.40), Candidate("b", 2.10, 2.20), Candidate("c", 2.30, 2.30)]
+    by_prediction = keep_rule(cands, last=True, reduction_factor=2, margin=0.0, weight=1.0)
+    by_loss = keep_rule(cands, last=True, reduction_factor=2, margin=0.0, weight=0.0)
+    assert by_prediction.kept == ("a",) and by_loss.kept == ("b",)
+    assert "ranked by losses at the rung" in by_loss.reasons["b"]
+
+
+def test_keep_rule_within_the_tolerance_keeps_the_rule_survivors_only():
+    # Every prediction within the tolerance (loss units here, relative to the best's predicted
+    # final): ⌈n/rf⌉ kept though the margin covers everyone; beyond it, the margin shrinks by it.
+    from hpo.rules import Candidate, keep_rule
+
+    cands = [Candidate(str(i), 2.0 + 0.002 * i, 2.3) for i in range(5)]
+    assert keep_rule(cands, last=False, reduction_factor=2, margin=0.05).kept_all
+    tight = keep_rule(cands, last=False, reduction_factor=2, margin=0.05, tolerance_loss=0.02)
+    assert tight.kept == ("0", "1", "2") and not tight.kept_all
+    spread = [Candidate(str(i), 2.0 * (1 + 0.01 * i), 2.3) for i in range(5)]
+    shrunk = keep_rule(spread, last=True, reduction_factor=2, margin=0.025, tolerance=0.01)
+    assert shrunk.kept == ("0", "1") and shrunk.margin == pytest.approx(0.015)

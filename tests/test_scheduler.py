@@ -1073,3 +1073,54 @@ def test_on_decision_publishes_each_rung():
     assert first["progress"][0] == {"fraction": 0.1, "decided": True, "reached": 6, "alive": 3, "stopped": 3,
                                     "finished": 0}
     json.dumps(events)
+
+
+class OrderFakePredictor(FakePredictor):
+    """A fake whose order and margin come from a real ``Predictor`` calibrated at TPP 80 (the
+    trials run at TPP 20, ln 4 = 1.39 away), with a held-out TPP group 1.5 away that holds
+    ``group_scale`` for the predicted finals (1.0: no evidence at all)."""
+
+    def __init__(self, group_scale: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        from predictors import Predictor, SurrogateParams
+        from predictors.ranking import HeldOutGroup, KindError, Position, RankingError
+
+        def kind(scale: float) -> KindError:
+            return KindError((0.1,), (scale,), (scale,), (10,), (2,), agreement=(0.9,), loss_agreement=(0.8,),
+                             loss_scale=(0.03,), weight=(1.0,), order_agreement=(0.9,), order_scale=(scale,))
+
+        group = HeldOutGroup(10.0, Position("tokens_per_param", False, 1.5), {"eta_fixed_tau": kind(group_scale)})
+        self._real = Predictor(SurrogateParams(0.1, 0.0, 1.0, 0.0), provenance={"tokens_per_param": [80.0]},
+                               ranking_error=RankingError({"eta_fixed_tau": kind(0.02)}, cross_groups=(group,)))
+
+    def ranking_order(self, stop_fraction: float, kind: str, controls: Any = ()) -> Any:
+        return self._real.ranking_order(stop_fraction, kind, controls)
+
+
+# Asserts (issue 25): a sweep off the calibrated scale still stops trials. Where held-out
+# sweeps as far away measured the predicted order, that order and its scale apply; where they
+# hold no evidence (the old 100% cap that kept everyone), the rung ranks by the losses at the
+# rung with their measured scale, and keeps ⌈n/rf⌉ plus the margin, never everyone.
+@pytest.mark.parametrize("group_scale, order", [(0.01, "predicted finals"), (1.0, "losses at the rung")])
+def test_off_scale_sweep_keeps_fewer_than_all(group_scale, order):
+    s = sched(rungs=(0.1, 0.2), predictor=OrderFakePredictor(group_scale))
+    trials = [stub(f"t{i}", final=1.0 + 0.05 * i, tau=0.5, lr=0.001 * (i + 1)) for i in range(6)]
+    FakeController(s, trials).run(workers=6)
+    rung = s.state.rungs[0]
+    assert rung.n_participants == 6 and rung.n_keep == 3 and not rung.kept_all
+    assert f"order: {order}" in rung.margin_source
+    assert rung.order_weight == (1.0 if order == "predicted finals" else 0.0)
+
+
+# Asserts (issue 25): a sweep whose predictions all lie within the tolerance (the same result
+# within seed noise) keeps ⌈n/rf⌉ at a rung, though the margin covers all of them.
+def test_sweep_within_the_tolerance_keeps_the_rule_survivors():
+    trials = [stub(f"t{i}", final=1.0 + 0.002 * i, tau=0.5) for i in range(6)]
+    wide = sched(margin_z=1.0, rungs=(0.1, 0.2), predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.05}))
+    FakeController(wide, [stub(t.trial_id, **t.config) for t in trials]).run(workers=6)
+    assert wide.state.rungs[0].kept_all and wide.state.rungs[0].n_keep == 6
+    tolerant = sched(margin_z=1.0, rungs=(0.1, 0.2), tolerance=0.02,
+                     predictor=RankedFakePredictor({0.1: 0.05, 0.2: 0.05}))
+    FakeController(tolerant, trials).run(workers=6)
+    assert tolerant.state.rungs[0].n_keep == 3 and not tolerant.state.rungs[0].kept_all
+    assert "within the tolerance" in tolerant.state.rungs[0].entries["t5"].reason
