@@ -139,6 +139,65 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from hpo.curve_import import CurveImportError, load_curves_file, load_mlflow_curves
+    from hpo.data import default_predictor_path
+    from hpo.monitor import monitor_runs, plot_residuals, status_line
+    from predictors import Predictor
+    from predictors.references import ReferenceCurves
+
+    started = time.perf_counter()
+    if bool(args.curves) == bool(args.from_mlflow):
+        raise ConfigError("monitor: give CURVES (a curve file) or --from-mlflow EXPERIMENT_ID, one of them")
+    predictor_path = Path(args.predictor) if args.predictor else default_predictor_path()
+    if not predictor_path.exists():
+        raise ConfigError(f"--predictor: no such file {predictor_path}")
+    try:
+        predictor = Predictor.load(predictor_path)
+    except ValueError as exc:
+        raise ConfigError(f"--predictor: {exc}") from None
+    try:
+        if args.curves:
+            imported = load_curves_file(args.curves, smoothing_fraction=args.smoothing_fraction, complete_only=False)
+        else:
+            imported = load_mlflow_curves(args.from_mlflow, tracking_uri=args.tracking_uri, metric=args.metric,
+                                          smoothing_fraction=args.smoothing_fraction, complete_only=False)
+        references = None
+        if args.reference:
+            refs = load_curves_file(args.reference, smoothing_fraction=args.smoothing_fraction).curves
+            references = ReferenceCurves.from_curves(refs, extrapolation="hold")
+            if not references.curves:
+                raise ConfigError(f"--reference {args.reference}: no reference curve reports n_params")
+    except CurveImportError as exc:
+        raise ConfigError(str(exc)) from None
+    output = Path(args.output) if args.output else None
+    if output is not None and output.exists() and not output.is_dir():
+        raise ConfigError(f"--output: {output} exists and is not a directory")
+    runs = monitor_runs(imported.curves, predictor, references)
+    rows = [row for _, _, row in runs]
+    plots = plot_residuals(runs, predictor.monitor_band, output) if output is not None else []
+    band = predictor.monitor_band
+    if args.json:
+        print(json.dumps({"runs": rows, "notes": imported.notes, "source": imported.source,
+                          "band": {"n_curves": band.n_curves, "source": band.source, "rule": band.rule.to_dict()},
+                          "plots": [str(p) for p in plots]}, indent=2, allow_nan=False))
+    else:
+        width = max(len(r["run_id"]) for r in rows)
+        for row in rows:
+            print(f"{row['run_id']:<{width}}  {status_line(row)}")
+        alarms = sum(r["alarm"] for r in rows)
+        print(f"{alarms} alarm(s) in {len(rows)} run(s); band: {band.source} ({band.n_curves} runs), rule "
+              f"|r - c| > {band.rule.z:g}σ for ≥ {band.rule.span:g} of training; {time.perf_counter() - started:.1f} s")
+        for note in imported.notes:
+            print(f"  note: {note}")
+        if plots:
+            print(f"plots: {output}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- Ray Jobs (hpo.jobs)
 
 
@@ -290,6 +349,21 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write and print the report of a sweep")
     report.add_argument("output_dir")
     report.set_defaults(func=_cmd_report)
+    monitor = sub.add_parser("monitor", help="watch runs' curves against the collapse shape (residual, band, alarm)")
+    monitor.add_argument("curves", nargs="?", help="curve file (CSV/parquet, the --from-curves format; runs in "
+                                                   "progress too)")
+    monitor.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="the runs of an MLflow experiment instead")
+    monitor.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow")
+    monitor.add_argument("--metric", default="loss", help="the loss metric for --from-mlflow (default loss)")
+    monitor.add_argument("--reference", metavar="REF", help="reference curves of matching controls (same format; "
+                                                           "default: the predictor's curve)")
+    monitor.add_argument("--predictor", metavar="P", help="predictor JSON (default: the shipped one)")
+    monitor.add_argument("--smoothing-fraction", type=float, default=0.0,
+                         help="smooth raw losses by a trailing mean over this fraction of each run (default 0)")
+    monitor.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
+    monitor.add_argument("--output", metavar="DIR", help="write a residual plot per run into DIR")
+    monitor.set_defaults(func=_cmd_monitor)
+
     calibrate = sub.add_parser("calibrate", help="run reference curves, bank them, fit the predictor")
     calibrate.add_argument("config", nargs="?", help="YAML calibration config (with --from-*: its fit settings)")
     calibrate.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")

@@ -14,6 +14,9 @@ Long format, one row per logged point (the columns are documented in ``configs/c
   ``warmup_fraction`` (0.1, with a note when assumed; 0 for no warmup), ``decay_fraction``
   (0.2), ``seed``, ``corpus``, ``corpus_hash``,
   ``d_model``, ``run_name``.
+* optional point columns: ``restart`` (1/true at the first point after a resume from a
+  checkpoint) and ``micro_batch_size``; each restart and each change of micro-batch size is a
+  marked change point the monitor does not judge (``meta["restarts"]``, t̂).
 
 ``weight_decay`` 0 (or ``tau`` ``inf``) is a run without weight decay (τ = ∞). Exact duplicate
 rows are dropped with a note; two different rows at one run and position are an error.
@@ -89,7 +92,8 @@ class ImportedCurves:
     source: str = ""
 
 
-def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0) -> ImportedCurves:
+def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
+                     complete_only: bool = True) -> ImportedCurves:
     """Read a ``.csv`` or ``.parquet`` curve file (never pickle) and build its curves.
 
     Example:
@@ -126,11 +130,16 @@ def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0) -> Im
         raise
     except Exception as exc:  # noqa: BLE001 - any reader error becomes one message naming the file
         raise CurveImportError(f"{path}: cannot read curve file: {exc}") from None
-    return curves_from_frame(frame, source=f"file:{path.resolve()}", smoothing_fraction=smoothing_fraction)
+    return curves_from_frame(frame, source=f"file:{path.resolve()}", smoothing_fraction=smoothing_fraction,
+                             complete_only=complete_only)
 
 
-def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: float = 0.0) -> ImportedCurves:
-    """Validate a long-format frame and turn each run into a ``Curve`` (see module docstring)."""
+def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: float = 0.0,
+                      complete_only: bool = True) -> ImportedCurves:
+    """Validate a long-format frame and turn each run into a ``Curve`` (see module docstring).
+
+    ``complete_only=False`` (``hpo monitor``) keeps runs still in progress: a run is then left
+    out only when it diverged or has fewer than :data:`MIN_POINTS` points."""
     if not (math.isfinite(smoothing_fraction) and 0.0 <= smoothing_fraction < 0.5):
         raise CurveImportError(f"smoothing_fraction: must be in [0, 0.5), got {smoothing_fraction!r}")
     frame = frame.rename(columns={k: v for k, v in ALIASES.items() if k in frame and v not in frame})
@@ -163,7 +172,7 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
         notes.append(f"warmup_fraction not given for {which}: 10% assumed (give the column, 0 for no warmup)")
     curves = []
     for run_id, rows in frame.groupby("run_id", sort=True):
-        curve, note = _run_curve(str(run_id), rows, position, source, smoothing_fraction)
+        curve, note = _run_curve(str(run_id), rows, position, source, smoothing_fraction, complete_only)
         if curve is None:
             notes.append(note)
         else:
@@ -171,7 +180,8 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
     if smoothing_fraction:
         notes.append(f"losses smoothed by a trailing mean over {100 * smoothing_fraction:g}% of each run's tokens")
     if not curves:
-        raise CurveImportError(f"{source}: no complete run to calibrate on: " + "; ".join(notes))
+        raise CurveImportError(f"{source}: no {'complete ' if complete_only else ''}run to "
+                               f"{'calibrate on' if complete_only else 'read'}: " + "; ".join(notes))
     return ImportedCurves(curves, notes, source)
 
 
@@ -229,7 +239,7 @@ def _numbers(rows: pd.DataFrame, column: str, run_id: str, source: str) -> np.nd
 
 
 def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
-               smoothing_fraction: float) -> tuple[Optional[Curve], str]:
+               smoothing_fraction: float, complete_only: bool = True) -> tuple[Optional[Curve], str]:
     """One run's curve, or (None, why it was left out)."""
     tpp = _run_value(rows, "tokens_per_param", run_id, source)
     n_params = _run_value(rows, "n_params", run_id, source)
@@ -261,6 +271,7 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     t_hat, loss = t_hat[order], loss[order]
     if np.isnan(t_hat).any():
         raise CurveImportError(f"{source}: run {run_id}: column '{position}' has empty values")
+    marks = _change_points(rows.iloc[order], t_hat, run_id, source)
     if np.any(np.diff(t_hat) == 0):
         raise CurveImportError(f"{source}: run {run_id}: duplicate positions in column '{position}'")
     if t_hat[0] < -T_HAT_SLACK or t_hat[-1] > 1.0 + 1e-6:
@@ -283,17 +294,34 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     t_hat, loss, tokens = t_hat[keep], loss[keep], t_hat[keep] * total
     if t_hat.size < MIN_POINTS:
         return None, f"run {run_id}: only {t_hat.size} points (need {MIN_POINTS}); left out"
-    if t_hat[-1] < COMPLETE_T:
+    if complete_only and t_hat[-1] < COMPLETE_T:
         return None, f"run {run_id}: ends at t̂ = {t_hat[-1]:.3g}, before the end of training; left out"
     if smoothing_fraction:
         loss = smooth_loss(tokens, loss, window_tokens=smoothing_fraction * total)
     meta = {"name": run_id, "n_params": n_params, "tokens_per_param": tpp, "total_tokens": total,
+            **({"restarts": [float(x) for x in marks]} if marks else {}),
             **{k: (v.item() if hasattr(v, "item") else v) for k, v in optional.items()}}
     return Curve(t_hat, loss, Controls(tau, tpp, schedule, n_params), meta), ""
 
 
+def _change_points(rows: pd.DataFrame, t_hat: np.ndarray, run_id: str, source: str) -> list[float]:
+    """t̂ of the marked restarts (``restart`` truthy: the first point after a resume) and of
+    the points where ``micro_batch_size`` changes (rows in t̂ order): the monitor's graces."""
+    marks: list[float] = []
+    if "restart" in rows:
+        flags = pd.to_numeric(rows["restart"].replace({"true": 1, "True": 1, "false": 0, "False": 0}),
+                              errors="coerce").fillna(0).to_numpy(dtype=float)
+        marks += [float(t) for t, f in zip(t_hat, flags) if f]
+    if "micro_batch_size" in rows and rows["micro_batch_size"].notna().any():
+        micro = _numbers(rows, "micro_batch_size", run_id, source)
+        known = ~np.isnan(micro)
+        t_known, m_known = t_hat[known], micro[known]
+        marks += [float(t) for t, a, b in zip(t_known[1:], m_known[:-1], m_known[1:]) if a != b]
+    return sorted(set(marks))
+
+
 def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None, metric: str = "loss",
-                       smoothing_fraction: float = 0.0) -> ImportedCurves:
+                       smoothing_fraction: float = 0.0, complete_only: bool = True) -> ImportedCurves:
     """Curves from every run of an MLflow experiment that logged ``metric``.
 
     Per-run values come from the run's params (the file's column names; our sweeps' child runs
@@ -335,7 +363,8 @@ def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None
     frame = pd.concat(frames, ignore_index=True)
     if "tau" in frame:  # a sweep that searched λ may log no finite τ: derive it for those runs
         frame["tau"] = frame["tau"].where(~frame["tau"].isin(NO_VALUE))
-    imported = curves_from_frame(frame, source=source, smoothing_fraction=smoothing_fraction)
+    imported = curves_from_frame(frame, source=source, smoothing_fraction=smoothing_fraction,
+                                 complete_only=complete_only)
     notes += imported.notes
     if skipped:
         notes.append(f"{skipped} run(s) with params but no {metric!r} history skipped (e.g. a sweep's parent run)")

@@ -143,3 +143,53 @@ def test_the_shipped_predictor_carries_a_band():
     band = pred.monitor_band
     assert band.n_curves >= 50 and band.window == MONITOR_WINDOW
     assert 0.002 < min(band.scale) <= max(band.scale) < 0.05
+
+
+def _curve_rows(run_id, t, y, **extra):
+    return [{"run_id": run_id, "train_fraction": float(a), "loss": float(b), "tau": C.tau,
+             "tokens_per_param": C.tokens_per_param, "n_params": 100_000, "schedule": "linear",
+             "warmup_fraction": 0.1, **extra} for a, b in zip(t, y)]
+
+
+def test_hpo_monitor_cli_json_plots_and_bad_input(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from hpo.cli import main
+
+    predictor = dataclasses.replace(PRED, monitor=BAND).save(tmp_path / "p.json")
+    n_live = int(np.searchsorted(T, 0.25))
+    rows = (_curve_rows("clean", T, clean(600)) + _curve_rows("drift", T, drift(clean(601), 0.4, 0.04))
+            + _curve_rows("live", T[:n_live], clean(602)[:n_live]))
+    curves = tmp_path / "curves.csv"
+    pd.DataFrame(rows).to_csv(curves, index=False)
+    assert main(["monitor", str(curves), "--predictor", str(predictor), "--json", "--output", str(tmp_path / "out")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_id = {r["run_id"]: r for r in doc["runs"]}
+    for row in doc["runs"]:
+        assert {"run_id", "alarm", "first_alarm_train_fraction"} <= set(row)
+    assert by_id["clean"]["alarm"] is False and by_id["clean"]["first_alarm_train_fraction"] is None
+    assert by_id["drift"]["alarm"] is True and 0.4 < by_id["drift"]["first_alarm_train_fraction"] < 1.0
+    assert by_id["live"]["status"] == "aligning" and by_id["live"]["alarm"] is False
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["residual_clean.png", "residual_drift.png"]
+    # Text: one status line per run.
+    assert main(["monitor", str(curves), "--predictor", str(predictor)]) == 0
+    text = capsys.readouterr().out
+    assert "drift" in text and "ALARM since t̂ = " in text and "aligning" in text
+    # A marked restart (column `restart`) is carried with the curve and not judged.
+    bump = 1.0 + 0.05 * np.clip(1.0 - (T - 0.6) / 0.04, 0.0, 1.0) * (T >= 0.6)
+    marked = pd.DataFrame(_curve_rows("restarted", T, clean(603) * bump))
+    marked["restart"] = (np.abs(T - T[T >= 0.6][0]) < 1e-12).astype(int)
+    marked.to_csv(tmp_path / "restart.csv", index=False)
+    assert main(["monitor", str(tmp_path / "restart.csv"), "--predictor", str(predictor), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["runs"][0]
+    assert row["restarts"] == [pytest.approx(0.6, abs=0.002)] and row["status"] == "ok"
+    # Bad input: one line naming the file or field, exit 2, nothing written.
+    for argv, words in ((["monitor", str(tmp_path / "missing.csv")], "no such curve file"),
+                        (["monitor", str(curves), "--predictor", str(tmp_path / "nope.json")], "--predictor"),
+                        (["monitor"], "give CURVES")):
+        assert main(argv + ["--output", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "bad").exists()
