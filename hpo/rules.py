@@ -8,19 +8,21 @@ calibration and every benchmark apply (no Ray, no torch).
 * **The kind of sweep** (what varies: η, B, λ, at fixed τ or fixed λ): :func:`sweep_kind`,
   and the groups of curves that form sweeps of a kind: :func:`kind_groups`.
 * **The keep rule**: :func:`keep_rule` (a whole rung) and :func:`judge_arrival` (one trial
-  against the predictions recorded at a rung, as ASHA judges); margins in log units from the
-  predictor's ranking error: :func:`rung_margin`.
+  against the predictions recorded at a rung, as ASHA judges); the order, margin and tolerance
+  of a rung from the predictor's ranking error: :func:`rung_margin`.
 * **The probability that the pick is the best**: :func:`probability_best`.
 * **Compute accounting**: :func:`compute_fraction`.
 
-The keep rule (paper §5: stop the trials whose *predicted* final loss is worse): rank the
-trials with a prediction by it (ties by the loss at the rung, then trial id); keep the best
-⌈n/rf⌉ at an intermediate rung and the best one at the last, plus every trial whose
-predicted log-final is within the margin z·σ of the best, σ being the predictor's ranking
-scale for that kind of sweep at that fraction (``predictors.ranking``): under that error
-model a stopped trial had a chance below Φ(−z) of ending better than the predicted best.
-Trials without a prediction are always kept (never stopped on no evidence) and do not count
-towards ⌈n/rf⌉.
+The keep rule (paper §5: stop the trials whose *predicted* final loss is worse; issue 25: by
+the order that is known to rank no worse than current-best's): rank the trials with a
+prediction by the rung's score (:func:`score`: w·log P + (1 − w)·log L, the predicted final P
+and the loss at the rung L, w chosen per kind of sweep and fraction by ``hpo calibrate``; ties
+by the loss at the rung, then trial id); keep the best ⌈n/rf⌉ at an intermediate rung and the
+best one at the last, plus every trial whose score is within the margin z·σ − tolerance of the
+best, σ being the ranking scale of that order for that kind of sweep at that fraction
+(``predictors.ranking``): under that error model a stopped trial had a chance below Φ(−z) of
+ending better than the best, and keeping it could win at most the margin. Trials without a
+prediction are always kept (never stopped on no evidence) and do not count towards ⌈n/rf⌉.
 
 Example:
     >>> d = keep_rule([Candidate("a", 2.00, 2.3), Candidate("b", 2.03, 2.2), Candidate("c", 2.20, 2.4)],
