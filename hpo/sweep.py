@@ -360,6 +360,15 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         progress = SweepProgress(scheduler, announcer=announcer)
         slot_use = SlotUse(_trial_slots(config))
         mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
+        # The collapse-residual monitor: its own Callback and Stopper; the scheduler is not told.
+        monitor_cbs: list = []
+        stopper = None
+        if config.monitor.enabled:
+            from hpo.monitor_live import MonitorCallback, MonitorStopper, TrialMonitor
+
+            trial_monitor = TrialMonitor(predictor)
+            monitor_cbs = [MonitorCallback(trial_monitor, tracker, stop_on_alarm=config.monitor.stop_on_alarm)]
+            stopper = MonitorStopper(trial_monitor, config.monitor.stop_on_alarm)
         # In sync mode, paused trials count as live for max_concurrent_trials, which would
         # starve the rung of trials; concurrency then comes from per-trial resources alone.
         max_concurrent = config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None
@@ -370,7 +379,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
             config=_search_space(config), num_samples=config.num_samples,
             scheduler=scheduler, max_concurrent_trials=max_concurrent,
             trial_dirname_creator=short_trial_dirname, reuse_actors=True, verbose=0,
-            callbacks=[mlflow_cb, progress, slot_use],
+            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs], stop=stopper,
             # No checkpoint at end: the trainable writes its own final checkpoint before its
             # last result leaves the worker (hpo.trainable).
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=25,

@@ -183,6 +183,14 @@ class MlflowSettings(_Strict):
         return value
 
 
+class MonitorSettings(_Strict):
+    """The collapse-residual monitor in a sweep (``hpo.monitor_live``): every trial's residual
+    is logged and an alarm printed and tagged; ``stop_on_alarm`` also stops the trial."""
+
+    enabled: bool = True
+    stop_on_alarm: bool = False
+
+
 class SweepConfig(_Strict):
     """A whole sweep, validated. Every error names its field."""
 
@@ -196,6 +204,7 @@ class SweepConfig(_Strict):
     resources: Resources = Field(default_factory=Resources)
     ray: RaySettings = Field(default_factory=RaySettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings)
 
     @field_validator("name")
     @classmethod

@@ -69,3 +69,18 @@ def test_a_resumed_trial_is_a_marked_restart():
     state = monitor.trials["t1"]
     assert len(state.restarts) == 1 and abs(state.restarts[0] - 0.6) < 0.01
     assert np.all(np.diff(state.t_hat) > 0) and said == []
+
+
+def test_sweep_config_monitor_option():
+    import pytest
+
+    from hpo.data import sweep_config_path
+    from hpo.overrides import ConfigError
+    from hpo.sweep_config import load_sweep_config
+
+    path = sweep_config_path("quickstart")
+    config = load_sweep_config(path)
+    assert config.monitor.enabled and config.monitor.stop_on_alarm is False
+    assert load_sweep_config(path, overrides=("monitor.stop_on_alarm=true",)).monitor.stop_on_alarm is True
+    with pytest.raises(ConfigError, match="monitor"):
+        load_sweep_config(path, overrides=("monitor.stop_on_alarm=maybe",))
