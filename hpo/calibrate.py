@@ -593,13 +593,38 @@ def _ranking_markdown(summary: dict[str, Any]) -> list[str]:
             for kind, row in kinds.items():
                 for k, s_ in enumerate(row["stop_fractions"]):
                     rows.append([SWEEP_KINDS.get(kind, kind), which, f"{s_:g}", row["n_groups"][k], row["n_pairs"][k],
-                                 f"{100 * row['rms'][k]:.2f}%", f"{100 * row['scale'][k]:.2f}%"])
+                                 f"{100 * row['rms'][k]:.2f}%", f"{100 * row['scale'][k]:.2f}%", *_order_cells(row, k)])
         lines.append(markdown_table(["kind of sweep", "held out", "s", "sweeps", "pairs", "RMS log-ratio error",
-                                     "ranking scale σ"], rows))
+                                     "ranking scale σ", "pairs right: predicted / losses", "order used (w)",
+                                     "σ of that order"], rows))
+        groups = table.get("cross_groups") or []
+        if groups:
+            lines += ["", "Held-out groups (sweeps the fit never saw, at another TPP or model size: what a sweep "
+                      "as far off the calibrated scale gets; 100% = no evidence, then the losses' order applies):", ""]
+            grows = []
+            for g in groups:
+                for kind, row in g["kinds"].items():
+                    for k, s_ in enumerate(row["stop_fractions"]):
+                        grows.append([f"{g['axis']} {g['value']:g}", f"{'inside' if g['inside'] else 'beyond'}, "
+                                      f"{g['distance']:.2f}", SWEEP_KINDS.get(kind, kind), f"{s_:g}", row["n_pairs"][k],
+                                      *_order_cells(row, k)])
+            lines.append(markdown_table(["held out", "where (log distance)", "kind of sweep", "s", "pairs",
+                                         "pairs right: predicted / losses", "order used (w)", "σ of that order"], grows))
+        if table.get("seed_noise") is not None:
+            lines += ["", f"Seed noise of a final loss (the keep rule's default tolerance): "
+                      f"{100 * table['seed_noise']:.2f}%, {table.get('seed_noise_source')}."]
         missing = [SWEEP_KINDS[k] for k in SWEEP_KINDS if k not in table["kinds"]]
         if missing:
             lines += ["", "Not in the bank (the largest measured scale applies to them): " + "; ".join(missing) + "."]
     return lines
+
+
+def _order_cells(row: dict[str, Any], k: int) -> list[str]:
+    """The order columns of a ranking-error row (blank in files without them)."""
+    if row.get("weight") is None:
+        return ["", "", ""]
+    return [f"{100 * row['agreement'][k]:.0f}% / {100 * row['loss_agreement'][k]:.0f}%", f"{row['weight'][k]:g}",
+            f"{100 * row['order_scale'][k]:.2f}%"]
 
 
 def _pct(value: Any, digits: int = 0) -> str:

@@ -135,6 +135,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         for kind, row in ((info.get("ranking_error") or {}).get("kinds") or {}).items():
             cells = ", ".join(f"s={s:g}: {100 * v:.1f}%" for s, v in zip(row["stop_fractions"], row["scale"]))
             print(f"    ranking scale, {kind} sweeps ({row['n_pairs'][0]} pairs): {cells}")
+            if row.get("weight") is not None:
+                order = ", ".join(f"s={s:g}: w {w:g}" for s, w in zip(row["stop_fractions"], row["weight"]))
+                print(f"      order used (w = 1 predicted finals, 0 losses at the rung): {order}")
+        noise = (info.get("ranking_error") or {}).get("seed_noise")
+        if noise is not None:
+            print(f"    seed noise of a final (the default tolerance): {100 * noise:.2f}%")
     print(f"predictor: {summary['predictor']}\nreport: {summary['report_dir']}")
     return 0
 
