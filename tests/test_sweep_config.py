@@ -117,3 +117,11 @@ def test_margin_defaults_to_calibrated_and_bad_margins_name_the_field() -> None:
         message = _error(BASE, bad)
         assert "scheduler.margin" in message and "\n" not in message.strip()
     assert "scheduler.margin_z" in _error(BASE, "scheduler.margin_z=-2")
+
+
+def test_tolerance_defaults_to_the_seed_noise_and_is_in_loss_units() -> None:
+    # scheduler.tolerance: None (the predictor's measured seed noise) by default, a loss
+    # difference when given; a negative one is refused naming the field.
+    assert load_sweep_config(data=BASE).scheduler.tolerance is None
+    assert load_sweep_config(data=BASE, overrides=("scheduler.tolerance=0.01",)).scheduler.tolerance == 0.01
+    assert "scheduler.tolerance" in _error(BASE, "scheduler.tolerance=-0.1")
