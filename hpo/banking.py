@@ -22,7 +22,7 @@ from hpo.trainable import CollapseTrainable, short_trial_dirname
 # The run-level columns a banked curve keeps from its last result.
 RUN_KEYS = ("run_id", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
             "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
-            "seq_len", "seed", "data_seed", "corpus_hash", "config_json")
+            "seq_len", "seed", "data_seed", "corpus_hash", "config_json", "vocab_size", "epochs")
 
 
 def run_reference_curves(
@@ -71,8 +71,10 @@ class CalibrationTrainable(CollapseTrainable):
         result = super().step()
         result["run_id"] = run_id_of(self._run)
         result["config_json"] = json.dumps(self._run, sort_keys=True)
-        result["corpus_hash"] = getattr(self.trainer, "corpus_hash", None) or getattr(
-            getattr(self.trainer, "corpus", None), "sha256", "")
+        # (Banks written before this fix hold "" here: the hash was looked up under a wrong name.)
+        result["corpus_hash"] = self.trainer.corpus.corpus_hash
+        result["vocab_size"] = int(self.trainer.config.model.vocab_size)
+        result["epochs"] = float(self.trainer.epochs)
         result["d_model"] = int(self._run["model"]["d_model"])
         result["n_layers"] = int(self._run["model"]["n_layers"])
         result["seq_len"] = int(self._run["model"]["seq_len"])

@@ -24,6 +24,7 @@ from hpo.tracking_uri import strip_credentials
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from trainers.config import TrainConfig
+    from trainers.corpus import DataError
     from trainers.runner import run_to_directory
 
     raw = apply_overrides(read_yaml(args.config), args.set or [])
@@ -32,7 +33,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, args.config)) from None
     output = Path(args.output or f"runs/train/{Path(args.config).stem}")
-    summary = run_to_directory(config, output, progress=not args.quiet)
+    try:
+        summary = run_to_directory(config, output, progress=not args.quiet)
+    except DataError as exc:  # raised while building the run, before anything is written
+        raise ConfigError(f"{args.config}: {exc}") from None
     print(f"status: {summary.get('status')}; wrote {output.resolve()}")
     return 0 if summary.get("status") != "diverged" else 1
 

@@ -14,7 +14,8 @@ Schema (long format, one row per logged point; zstd-compressed parquet):
 | ``tau``, ``tokens_per_param``, ``schedule``, ``warmup_fraction``, ``decay_fraction`` | the TLC controls |
 | ``n_params``, ``total_tokens``, ``batch_size``, ``eta``, ``weight_decay`` | N, D, B, η, λ |
 | ``d_model``, ``n_layers``, ``seq_len``, ``seed``, ``data_seed`` | model shape and seeds |
-| ``corpus_hash``, ``status`` | sha256 of the corpus bytes; completed / diverged |
+| ``corpus_hash``, ``status`` | sha256 of the corpus bytes (token datasets: of train.bin and val.bin); completed / diverged |
+| ``vocab_size``, ``epochs`` | V (256 = bytes) and passes over the training tokens; optional: banks from before they existed read as 256 and NaN |
 | ``config_json`` | the resolved trainer config (JSON), to rerun exactly |
 
 Loading never unpickles anything: parquet only.
@@ -40,12 +41,15 @@ import pandas as pd
 
 from hpo.errors import InputError
 from predictors.io import atomic_write_with
+from trainers.corpus import BYTE_VOCAB_SIZE, corpus_hash_of
 
 RUN_COLUMNS = (
     "run_id", "sweep", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
     "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
     "seq_len", "seed", "data_seed", "corpus_hash", "status", "config_json",
 )
+#: Run columns added later, with what a bank written before them is read as.
+OPTIONAL_RUN_COLUMNS: dict[str, Any] = {"vocab_size": 256, "epochs": float("nan")}
 POINT_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
 
 
@@ -59,10 +63,29 @@ class CurveBankError(InputError):
 EXECUTION_ONLY_FIELDS = ("compile",)
 
 
+#: Trainer fields added after runs were banked, with the value every earlier run had: left
+#: out of the id at that value, so a byte-level run keeps the id it was banked under.
+FIELDS_ADDED_LATER: dict[str, dict[str, Any]] = {
+    "model": {"vocab_size": BYTE_VOCAB_SIZE}, "data": {"token_dtype": "uint16"},
+}
+
+
 def run_id_of(trainer_config: dict[str, Any]) -> str:
     """A stable id for a resolved trainer config (canonical JSON → sha1), execution-only
-    fields (:data:`EXECUTION_ONLY_FIELDS`) left out."""
+    fields (:data:`EXECUTION_ONLY_FIELDS`) left out.
+
+    A run on a token dataset also carries the dataset's sha256 (the same config on other
+    token files is another run) and, in its config, ``model.vocab_size``; a byte-level run's
+    id is what it was before token datasets existed (:data:`FIELDS_ADDED_LATER`)."""
     identity = {k: v for k, v in trainer_config.items() if k not in EXECUTION_ONLY_FIELDS}
+    for section, defaults in FIELDS_ADDED_LATER.items():
+        if isinstance(identity.get(section), dict):
+            identity[section] = {k: v for k, v in identity[section].items()
+                                 if not (k in defaults and v == defaults[k])}
+    if isinstance(identity.get("data"), dict):
+        token_hash = corpus_hash_of(identity["data"])
+        if token_hash is not None:
+            identity["corpus_hash"] = token_hash
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 
@@ -71,7 +94,7 @@ def load_bank(path: str | Path) -> pd.DataFrame:
     """Read the bank; an absent file is an empty bank."""
     path = Path(path)
     if not path.exists():
-        return pd.DataFrame(columns=list(RUN_COLUMNS + POINT_COLUMNS))
+        return pd.DataFrame(columns=list(RUN_COLUMNS + tuple(OPTIONAL_RUN_COLUMNS) + POINT_COLUMNS))
     try:
         frame = pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 - any reader error becomes one clear message
@@ -79,6 +102,9 @@ def load_bank(path: str | Path) -> pd.DataFrame:
     missing = [c for c in RUN_COLUMNS + POINT_COLUMNS if c not in frame.columns]
     if missing:
         raise CurveBankError(f"{path}: curve bank lacks columns {missing}")
+    for column, default in OPTIONAL_RUN_COLUMNS.items():
+        if column not in frame.columns:
+            frame[column] = default
     return frame
 
 
@@ -92,7 +118,10 @@ def curve_frame(run: dict[str, Any], points: Sequence[dict[str, Any]]) -> pd.Dat
     frame = pd.DataFrame([{c: p.get(c, np.nan) for c in POINT_COLUMNS} for p in points])
     for column in RUN_COLUMNS:
         frame[column] = run.get(column)
-    return frame[list(RUN_COLUMNS + POINT_COLUMNS)]
+    for column, default in OPTIONAL_RUN_COLUMNS.items():
+        value = run.get(column)
+        frame[column] = default if value is None else value
+    return frame[list(RUN_COLUMNS + tuple(OPTIONAL_RUN_COLUMNS) + POINT_COLUMNS)]
 
 
 def lock_path(path: str | Path) -> Path:

@@ -104,7 +104,8 @@ class CollapseTrainable(tune.Trainable):
         # One intra-op thread per reserved CPU: more would oversubscribe the node.
         cpus = max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
         merged.setdefault("threads", cpus)
-        self.trainer = Trainer(TrainConfig.model_validate(merged))
+        # The sweep (or calibration) warns once about repeated data, not every trial.
+        self.trainer = Trainer(TrainConfig.model_validate(merged), warn_repeats=False)
         self._controls = report_controls(self.trainer)
         self._resume_from_disk()
 

@@ -41,7 +41,8 @@ def test_stdlib_corpus_is_hashed_cached_and_memory_mapped() -> None:
     cached = Path(os.environ["COLLAPSE_HPO_CACHE"]) / f"corpus-{corpus.corpus_hash}.bin"
     assert corpus.path == cached and cached.stat().st_size == len(raw)
     # The description records what a run needs to be reproduced.
-    assert set(corpus.describe()) == {"corpus", "corpus_hash", "corpus_files", "corpus_bytes", "python_version"}
+    assert set(corpus.describe()) == {"corpus", "corpus_hash", "corpus_files", "corpus_bytes", "python_version",
+                                      "vocab_size", "token_dtype"}
 
 
 def test_user_directory_is_read_in_sorted_order(tmp_path: Path) -> None:

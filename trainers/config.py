@@ -68,6 +68,9 @@ class ModelConfig(_Strict):
     alpha_in: float = Field(1.0, gt=0)
     alpha_out: float = Field(1.0, gt=0)
     norm_eps: float = Field(1e-5, gt=0)
+    # V: 256 = bytes (every corpus that is not a token dataset); a token dataset
+    # (data.corpus a directory with train.bin/val.bin) sets its tokenizer's vocabulary.
+    vocab_size: int = Field(256, ge=2)
 
     @model_validator(mode="after")
     def _check_heads(self) -> "ModelConfig":
@@ -139,18 +142,22 @@ class ModelConfig(_Strict):
 
     @property
     def n_embedding_params(self) -> int:
-        """Token embedding plus unembedding (untied): 2·256·d."""
-        return 2 * 256 * self.d_model
+        """Token embedding plus unembedding (untied): 2·V·d."""
+        return 2 * self.vocab_size * self.d_model
 
 
 class DataConfig(_Strict):
-    """Where the bytes come from and how they are split and ordered."""
+    """Where the tokens come from and how they are split and ordered."""
 
-    # "stdlib" = the running interpreter's standard-library *.py sources; otherwise a
-    # path to a text file or a directory of text files (read as bytes, sorted by path).
+    # "stdlib" = the running interpreter's standard-library *.py sources; a directory
+    # holding train.bin and val.bin = a token dataset (flat ids, see trainers.corpus.py);
+    # otherwise a path to a text file or a directory of text files (read as bytes, sorted by path).
     corpus: str = "stdlib"
-    # The last val_fraction of the corpus bytes is held out for validation.
+    # Byte corpora: the last val_fraction of the bytes is held out for validation
+    # (a token dataset brings its own val.bin).
     val_fraction: float = Field(0.1, gt=0, lt=1)
+    # Id width of a token dataset's files: uint16 (nanoGPT's, V <= 65,536) or uint32.
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
     # Seed of the training-window order; separate from the init seed so every trial of a
     # sweep can see the same data stream.
     data_seed: int = 0
@@ -209,6 +216,10 @@ class TrainConfig(_Strict):
             raise ValueError(
                 f"batch_size: {self.batch_size} tokens is not divisible by model.seq_len {seq_len}"
             )
+        if self.data.token_dtype == "uint16" and self.model.vocab_size > 1 << 16:
+            raise ValueError(
+                f"data.token_dtype: uint16 ids stop at 65,535; model.vocab_size {self.model.vocab_size} "
+                "needs token_dtype uint32")
         micro = self.micro_batch_size
         if micro is not None:
             if micro % seq_len:
@@ -261,6 +272,7 @@ class RunControls:
     d_head: int
     d_ff: int
     seq_len: int
+    vocab_size: int  # V (256 = bytes)
     seed: int
     data_seed: int
     smoothing_tokens: int
@@ -319,6 +331,7 @@ def run_controls(config: TrainConfig) -> RunControls:
         d_head=model.head_dim,
         d_ff=model.ffn_dim,
         seq_len=model.seq_len,
+        vocab_size=model.vocab_size,
         seed=config.seed,
         data_seed=config.data.data_seed,
         smoothing_tokens=smoothing,

@@ -7,7 +7,10 @@ trainers/parameterization.py, so SP, µP and CompleteP share this one forward pa
 * Norm: RMSNorm with a learned gain and no bias (cheaper than LayerNorm; nothing to decay).
 * Positions: ALiBi, a fixed per-head linear distance penalty added to the attention logits;
   no position embedding, so the model has no width-dependent position parameters.
-* Vocabulary: 256 bytes; token embedding and lm_head are separate (untied) matrices.
+* Vocabulary: V = ``model.vocab_size`` (256 bytes by default, a tokenizer's V on a token
+  dataset); token embedding and lm_head are separate (untied) V × d matrices. Under µP V is
+  a fixed ("finite") dimension: only d grows, so the embedding keeps η, σ and α_in and the
+  logits keep α_out/m_N whatever V is (docs/parameterization.md).
 
 Speed (benchmarks/trainer_throughput.md): attention is ``F.scaled_dot_product_attention``
 with the ALiBi bias as a float mask on every device; every µP/CompleteP multiplier and every
@@ -27,6 +30,7 @@ from torch import nn
 from trainers.config import ModelConfig
 from trainers.parameterization import forward_multipliers, init_std, parameter_role
 
+#: The byte vocabulary, ``model.vocab_size``'s default.
 VOCAB_SIZE = 256
 
 
@@ -95,7 +99,7 @@ class ScaledLinear(nn.Linear):
 
 
 class ScaledEmbedding(nn.Embedding):
-    """``nn.Embedding`` whose output is × a constant, folded into the (256 × d) table."""
+    """``nn.Embedding`` whose output is × a constant, folded into the (V × d) table."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, multiplier: float = 1.0) -> None:
         super().__init__(num_embeddings, embedding_dim)
@@ -210,7 +214,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only byte-level transformer; ``forward(idx, targets)`` returns logits or loss."""
+    """Decoder-only transformer over V tokens; ``forward(idx, targets)`` returns logits or loss."""
 
     def __init__(self, config: ModelConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()
@@ -218,14 +222,15 @@ class GPT(nn.Module):
         self.multipliers = forward_multipliers(config)
         # Every forward multiplier sits on a weight (see ScaledLinear): none costs an
         # activation-sized multiply.
-        self.embed = ScaledEmbedding(VOCAB_SIZE, config.d_model, self.multipliers.embedding)  # × α_in
+        self.vocab_size = config.vocab_size
+        self.embed = ScaledEmbedding(config.vocab_size, config.d_model, self.multipliers.embedding)  # × α_in
         self.blocks = nn.ModuleList(
             Block(config, self.multipliers.attention_scale, self.multipliers.residual)
             for _ in range(config.n_layers)
         )
         self.final_norm = RMSNorm(config.d_model, config.norm_eps)
         ### µP: logits × α_out/m_N ###
-        self.lm_head = ScaledLinear(config.d_model, VOCAB_SIZE, self.multipliers.logits)
+        self.lm_head = ScaledLinear(config.d_model, config.vocab_size, self.multipliers.logits)
         # Not a parameter and not saved: rebuilt from the config. (1, H, T, T): the 4-D
         # shape SDPA's fused CPU kernel accepts (see `attend`).
         self.register_buffer("alibi", alibi_bias(config.num_heads, config.seq_len)[None], persistent=False)
@@ -281,4 +286,4 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         # Loss in fp32 even under bf16 autocast.
-        return F.cross_entropy(logits.float().view(-1, VOCAB_SIZE), targets.reshape(-1))
+        return F.cross_entropy(logits.float().view(-1, self.vocab_size), targets.reshape(-1))

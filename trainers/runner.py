@@ -56,6 +56,8 @@ def describe_run(trainer: Trainer) -> dict[str, Any]:
     return {
         **trainer.controls.to_dict(),
         **trainer.corpus.describe(),
+        # Passes over the training tokens; above 1 the run repeated data.
+        "epochs": trainer.epochs,
         "status": trainer.status,
         "steps_done": trainer.step,
         "final_train_loss": history[-1]["train_loss"] if history else float("nan"),

@@ -10,7 +10,7 @@ Log record keys: step, tokens, train_fraction, train_loss (mean over the interva
 smoothed_loss (trailing mean over ``smoothing_tokens``), val_loss (NaN unless evaluated in
 this interval), lr (current LR of the hidden matrices), elapsed_s, diverged.
 
-A run whose interval loss is non-finite or above ``DIVERGENCE_LOSS`` stops with status
+A run whose interval loss is non-finite or above 2·ln V (`divergence_loss`) stops with status
 "diverged" (no exception).
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
@@ -27,7 +28,7 @@ import torch
 from predictors.io import atomic_write_with
 from predictors.smoothing import TrailingMean
 from trainers.config import RunControls, TrainConfig, load_train_config, run_controls
-from trainers.data import Corpus, TrainSampler, load_corpus, split_corpus, validation_windows
+from trainers.data import Corpus, TrainSampler, load_corpus, passes_over_data, repeated_data_warning, validation_windows
 from trainers.model import GPT
 from trainers.parameterization import param_groups
 
@@ -37,10 +38,12 @@ CHECKPOINT_FILE = "trainer.pt"
 # change where and how fast the same steps run, not which steps).
 _RESUME_MAY_CHANGE = {"device", "threads", "compile"}
 # A run has diverged when its interval loss is non-finite or above twice the loss of a
-# uniform guess over 256 bytes (2·ln 256 ≈ 11.1 nats). A too-large LR rarely produces
-# inf/NaN (normalised activations and Adam's bounded steps keep things finite): it shows
-# as losses of 10^2-10^5 nats, which this bound catches.
-DIVERGENCE_LOSS = 2.0 * math.log(256)
+# uniform guess over the V tokens (2·ln 256 ≈ 11.1 nats for bytes). A too-large LR rarely
+# produces inf/NaN (normalised activations and Adam's bounded steps keep things finite): it
+# shows as losses of 10^2-10^5 nats, which this bound catches.
+def divergence_loss(vocab_size: int) -> float:
+    """2·ln V: the interval loss above which a run counts as diverged."""
+    return 2.0 * math.log(vocab_size)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -116,7 +119,9 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
 class Trainer:
     """One training run of a `TrainConfig` (or a mapping / YAML path that validates to one)."""
 
-    def __init__(self, config: TrainConfig | Mapping[str, Any] | str | Path) -> None:
+    def __init__(self, config: TrainConfig | Mapping[str, Any] | str | Path, warn_repeats: bool = True) -> None:
+        """``warn_repeats``: print one line on stderr when the run makes more than one pass
+        over its training tokens (a sweep warns once for all its trials instead)."""
         self.config = load_train_config(config)
         self.controls: RunControls = run_controls(self.config)
         if self.config.threads is not None:
@@ -133,8 +138,14 @@ class Trainer:
         self.compiled = resolve_compile(self.config.compile, self.device, self.controls.total_tokens)
 
         seq_len = self.config.model.seq_len
-        self.corpus: Corpus = load_corpus(self.config.data)
-        train_tokens, val_tokens = split_corpus(self.corpus.tokens, self.config.data.val_fraction)
+        self.corpus: Corpus = load_corpus(self.config.data, self.config.model.vocab_size)
+        train_tokens, val_tokens = self.corpus.splits(self.config.data.val_fraction)
+        self._divergence_loss = divergence_loss(self.config.model.vocab_size)
+        # Passes over the training tokens (recorded in controls.json; > 1 repeats data).
+        self.epochs = passes_over_data(self.controls.total_tokens, int(train_tokens.numel()))
+        warning = repeated_data_warning(self.controls.total_tokens, int(train_tokens.numel()), self.config.data.corpus)
+        if warn_repeats and warning:
+            print(warning, file=sys.stderr, flush=True)
         self.sampler = TrainSampler(train_tokens, seq_len, self.config.data.data_seed)
         val_inputs, val_targets = validation_windows(val_tokens, seq_len, self.config.eval_tokens)
         self.val_inputs = val_inputs.to(self.device)
@@ -267,7 +278,7 @@ class Trainer:
             self._train_step(slot)
         # The one host sync of the interval: losses stay on the device until here.
         train_loss = float(self._losses[:n_steps].double().mean())
-        diverged = not math.isfinite(train_loss) or train_loss > DIVERGENCE_LOSS
+        diverged = not math.isfinite(train_loss) or train_loss > self._divergence_loss
         tokens = self.step * self.controls.batch_size
         smoothed = self.smoother.update(tokens, train_loss)
         if diverged:
@@ -326,9 +337,11 @@ class Trainer:
         # weights_only: our own files hold only tensors, numbers, strings, lists and dicts.
         state = torch.load(path, map_location=self.device, weights_only=True)
         mine = self.config.model_dump(mode="json")
+        # Validated again, so a checkpoint written before a field existed compares with its default.
+        theirs = load_train_config(state["config"]).model_dump(mode="json")
         changed = sorted(
-            key for key in set(mine) | set(state["config"])
-            if key not in _RESUME_MAY_CHANGE and mine.get(key) != state["config"].get(key)
+            key for key in set(mine) | set(theirs)
+            if key not in _RESUME_MAY_CHANGE and mine.get(key) != theirs.get(key)
         )
         if changed:
             raise ValueError(f"load_checkpoint: config differs from the checkpoint's in {', '.join(changed)}")
