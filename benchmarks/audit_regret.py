@@ -162,7 +162,7 @@ def keep_set(predictor: Predictor, views: Mapping[str, RunView], candidates: Seq
         cands.append(rules.Candidate(r, p.final_loss, p.loss, p.uncertainty))
     m = rules.rung_margin(predictor, s, [views[r].sweep_values for r in candidates],
                           [views[r].controls for r in candidates], z=margin_z)
-    return rules.keep_rule(cands, last=True, reduction_factor=2, margin=m.value, margin_words=m.words)
+    return rules.decide(cands, m, last=True, reduction_factor=2)
 
 
 def reaches(view: RunView, fraction: float) -> bool:

@@ -460,6 +460,13 @@ def keep_rule(
                         best.trial_id if best else None, current_best(candidates), n_rule, float(margin), kept_all)
 
 
+def decide(candidates: Sequence[Candidate], m: Margin, *, last: bool, reduction_factor: float) -> KeepDecision:
+    """:func:`keep_rule` with a rung's :class:`Margin` (order, margin, tolerance): the one call
+    the scheduler and every replay make, so none of them can drop a field of it."""
+    return keep_rule(candidates, last=last, reduction_factor=reduction_factor, margin=m.value, margin_words=m.words,
+                     weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
+
+
 def judge_arrival(
     recorded: Sequence[Candidate], arrival: Candidate, *, last: bool, reduction_factor: float,
     margin: float, margin_words: str = "", weight: float = 1.0, tolerance: float = 0.0,
@@ -547,7 +554,7 @@ def is_finished(train_fraction: float) -> bool:
 
 
 __all__ = [
-    "Candidate", "DEFAULT_MARGIN_Z", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
+    "Candidate", "DEFAULT_MARGIN_Z", "decide", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
     "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished", "judge_arrival",
     "keep_rule", "kind_groups", "Margin", "predict_at_rung", "probability_best", "rung_margin", "score", "sweep_kind",
     "sweep_values",

@@ -440,9 +440,8 @@ class CollapseScheduler(FIFOScheduler):
             else:
                 participants.append(e)
         m = self._margin_at(r, [e.trial_id for e in participants])
-        decision = rules.keep_rule([self._candidate(e) for e in participants], last=self._is_last(r),
-                                   reduction_factor=self._rf, margin=m.value, margin_words=m.words,
-                                   weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
+        decision = rules.decide([self._candidate(e) for e in participants], m, last=self._is_last(r),
+                                reduction_factor=self._rf)
         to_stop: list[TrialRecord] = []
         for e in participants:
             rec = self._state.trials[e.trial_id]
