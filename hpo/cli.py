@@ -9,6 +9,7 @@ Ray and torch are imported inside the commands that need them, after validation.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from hpo.data import sweep_config_path
 from hpo.errors import InputError
 from hpo.overrides import ConfigError, apply_overrides, check_safe_name, format_validation_error, read_yaml
-from hpo.tracking_uri import strip_credentials
+from hpo.tracking_uri import INVALID_HOST, host_rejected_message, strip_credentials
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -440,9 +441,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (InputError, StateFileError) as exc:  # ConfigError, TrackingUriError, CurveBankError, ...
         print(f"error: {strip_credentials(str(exc))}", file=sys.stderr)
         return 2
-    except Exception:  # noqa: BLE001 - a bug or an outside failure: the traceback, without passwords
+    except Exception as exc:  # noqa: BLE001 - a bug or an outside failure: the traceback, without passwords
+        if INVALID_HOST in str(exc):  # a server refusing our Host header after the up-front check
+            print(f"error: {host_rejected_message('MLflow', _tracking_uri_in_use(args))}", file=sys.stderr)
+            return 2
         print(strip_credentials(traceback.format_exc()), file=sys.stderr, end="")
         return 1
+
+
+def _tracking_uri_in_use(args: argparse.Namespace) -> str:
+    """The MLflow server this command talks to: --tracking-uri, else the one MLflow was set to
+    in this process (a sweep's config), else MLFLOW_TRACKING_URI."""
+    uri = getattr(args, "tracking_uri", None)
+    mlflow = sys.modules.get("mlflow")
+    if not uri and mlflow is not None:
+        current = mlflow.get_tracking_uri()
+        uri = current if current.startswith(("http://", "https://")) else None
+    return uri or os.environ.get("MLFLOW_TRACKING_URI", "the tracking server")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,13 @@ a bad URI before anything is imported, started or written.
   the client still authenticates while only the stripped URI is kept anywhere.
 * :func:`check_tracking_uri` refuses an unknown scheme, a SQLite or file store in a missing
   directory, and an HTTP server that does not answer within a few seconds, each with one line
-  naming the field.
+  naming the field; and a server that answers ``/health`` but refuses the API (403: the
+  Host-header check of recent MLflow servers, or a user without access), naming the server and the fix.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import socket
@@ -32,6 +34,8 @@ BUILTIN_SCHEMES = frozenset({"", "file", "sqlite", "http", "https", "postgresql"
                              "databricks", "databricks-uc", "uc"})
 #: Seconds an HTTP tracking server gets to answer the up-front check.
 HTTP_TIMEOUT_S = 5.0
+#: The body of MLflow's 403 for a Host header it does not accept (mlflow.server.security_utils).
+INVALID_HOST = "Invalid Host header"
 
 # scheme://user[:password]@ — the user part of any URI inside a text.
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@?#]*@")
@@ -135,8 +139,9 @@ def _check_http(uri: str, field: str, shown: str, timeout_s: float) -> None:
     parts = urllib.parse.urlsplit(strip_credentials(uri))
     if not parts.hostname:
         raise TrackingUriError(f"{field}: {shown}: no host in the URI")
+    base = parts.path.rstrip("/")
     # Any HTTP answer (even 401/404) means a server is there; MLflow reports what it thinks.
-    probe = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/health", "", ""))
+    probe = urllib.parse.urlunsplit((parts.scheme, parts.netloc, base + "/health", "", ""))
     try:
         with urllib.request.urlopen(probe, timeout=timeout_s):  # noqa: S310 - http(s) only, checked above
             pass
@@ -149,3 +154,53 @@ def _check_http(uri: str, field: str, shown: str, timeout_s: float) -> None:
         else:
             why = strip_credentials(str(getattr(reason, "strerror", None) or reason))
         raise TrackingUriError(f"{field}: {shown}: MLflow tracking server unreachable ({why})") from None
+    _check_api_access(uri, parts, field, shown, timeout_s)
+
+
+def _check_api_access(uri: str, parts: urllib.parse.SplitResult, field: str, shown: str, timeout_s: float) -> None:
+    """One read of the tracking API, as the client will make it. ``/health`` is exempt from the
+    Host-header check a recent MLflow server (3.x) applies to everything else, so a server that answers
+    ``/health`` may still refuse every API call from another machine (HTTP 403)."""
+    api = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/")
+                                   + "/api/2.0/mlflow/experiments/search", "max_results=1", ""))
+    request = urllib.request.Request(api, headers=_basic_auth(uri))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):  # noqa: S310 - http(s) only, checked above
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code != 403:
+            return  # 401 (no password given), 404 (a proxy path), ...: MLflow's client says what it thinks
+        body = exc.read(500).decode("utf-8", "replace")
+    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError):
+        return  # it answered /health a moment ago; a slow API is not refused up front
+    if INVALID_HOST in body:
+        raise TrackingUriError(host_rejected_message(field, shown))
+    raise TrackingUriError(f"{field}: {shown}: the MLflow tracking server refuses this user (HTTP 403"
+                           f"{': ' + body.strip().splitlines()[0][:200] if body.strip() else ''}); give a user "
+                           "with access in the URI (http://USER:PASSWORD@HOST:PORT) or in "
+                           "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
+
+
+def _basic_auth(uri: str) -> dict[str, str]:
+    """The Authorization header MLflow's client would send (user part of the URI, else
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); none without a user."""
+    parts = urllib.parse.urlsplit(uri)
+    user = urllib.parse.unquote(parts.username) if parts.username else os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = (urllib.parse.unquote(parts.password) if parts.password
+                else os.environ.get("MLFLOW_TRACKING_PASSWORD", ""))
+    if not user:
+        return {}
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def host_rejected_message(field: str, uri: str) -> str:
+    """The one line for an MLflow server that answers 403 "Invalid Host header": it accepts
+    only the Host headers it was told to (by default localhost and private addresses), and
+    this machine addresses it by another name. Names the server and the fix."""
+    shown = strip_credentials(uri)
+    host = urllib.parse.urlsplit(shown).netloc or shown
+    return (f"{field}: {shown}: the MLflow tracking server refuses requests addressed to {host!r} "
+            f"(HTTP 403 {INVALID_HOST!r}: by default an MLflow server accepts only localhost and private "
+            f"addresses): restart it with `mlflow server ... --allowed-hosts {host}` (add every name and address "
+            "clients use, e.g. 'mlflow.example.org:5000,localhost:*'; or set MLFLOW_SERVER_ALLOWED_HOSTS)")

@@ -7,6 +7,7 @@ never with `ray stop`, which would end every Ray cluster on the machine, a user'
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import secrets
@@ -197,26 +198,55 @@ class RayCluster:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def seen_from_another_machine() -> tuple[str, str]:
+    """(address to bind, host to put in the URI) for a server reached as a second machine
+    reaches it: by a Host header that MLflow's default allow-list (localhost and the private
+    ranges) refuses. This machine's non-loopback address where it has one outside the private
+    ranges; else its host name (never ``localhost``), bound at the address the name resolves to."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # a UDP connect sends nothing: it only picks the route's source
+            address = probe.getsockname()[0]
+        except OSError:
+            address = None
+    if address and not ipaddress.ip_address(address).is_loopback and not address.startswith(_MLFLOW_PRIVATE):
+        return address, address
+    name = socket.gethostname()
+    if name.lower() in ("localhost", ""):
+        raise RuntimeError(f"no address or host name here that MLflow's default allow-list refuses ({address}, {name})")
+    return socket.gethostbyname(name), name
+
+
+#: The IPv4 ranges MLflow's server accepts by default besides localhost (mlflow.server.security_utils).
+_MLFLOW_PRIVATE = ("10.", "192.168.", *(f"172.{i}." for i in range(16, 32)))
+
+
 @dataclass
 class MlflowServer:
-    """`mlflow server` with a SQLite backend and an artifact root in ``root``."""
+    """`mlflow server` with a SQLite backend and an artifact root in ``root``, listening on
+    ``host``; ``allowed_hosts`` is its ``--allowed-hosts`` (default: MLflow's own)."""
 
     root: Path
     port: int = field(default_factory=free_port)
     process: Optional[subprocess.Popen] = None
+    host: str = "127.0.0.1"
+    allowed_hosts: Optional[str] = None
 
     @property
     def uri(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> "MlflowServer":
         self.root.mkdir(parents=True, exist_ok=True)
         log = open(self.root / "server.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-m", "mlflow", "server", "--host", self.host, "--port", str(self.port),
              "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"],
-            env=service_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
+             "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1",
+             *(["--allowed-hosts", self.allowed_hosts] if self.allowed_hosts else [])],
+            # MLflow's own defaults unless this server says otherwise (not a user's variable).
+            env={k: v for k, v in service_env().items() if k != "MLFLOW_SERVER_ALLOWED_HOSTS"},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
         deadline = time.time() + 180
         while True:
             try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cluster_fixtures import MlflowServer, RayCluster, service_env
+from cluster_fixtures import MlflowServer, RayCluster, seen_from_another_machine, service_env
 
 #: The packaged quickstart cut down to the tiny sweep of the pipeline tests (4 LRs, rungs
 #: 0.2/0.4, margin 0: 4 → 2 → 1), seconds per trial on one core.
@@ -108,6 +108,56 @@ def test_unreachable_head_and_tracking_server_are_named_within_10_s(tmp_path: Pa
             assert run.returncode == 2, (args, run.stderr[-2000:])
             assert words in run.stderr and "Traceback" not in run.stderr, run.stderr
             assert took < 10, (args, took)
+
+
+def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_host_is_allowed(
+        tmp_path: Path) -> None:
+    # The README's cluster server, reached as a second machine reaches it (by this machine's
+    # address, or its name): /health answers 200 but every API call is a 403 "Invalid Host
+    # header". Refused up front, in one line naming the server and the fix, exit 2.
+    from mlflow.tracking import MlflowClient
+
+    from hpo.tracking_uri import check_tracking_uri
+
+    bind, host = seen_from_another_machine()
+    default, allowed = MlflowServer(tmp_path / "default", host=bind), MlflowServer(tmp_path / "allowed", host=bind)
+    allowed.allowed_hosts = f"{host}:{allowed.port}"  # the README's fix
+    try:
+        default.start()
+        allowed.start()
+        refused = f"http://{host}:{default.port}"
+        run = hpo("submit", "quickstart", "--storage", str(tmp_path / "storage"), "--address", "http://127.0.0.1:9",
+                  "--tracking-uri", refused)
+        assert run.returncode == 2, run.stderr[-3000:]
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and refused in lines[0], run.stderr
+        assert "HTTP 403" in lines[0] and f"--allowed-hosts {host}:{default.port}" in lines[0], lines[0]
+        out = tmp_path / "out"
+        run = hpo("sweep", "quickstart", "--set", f"mlflow.tracking_uri={refused}", "--output", str(out))
+        assert run.returncode == 2 and "--allowed-hosts" in run.stderr and not out.exists(), run.stderr[-3000:]
+        # Started with --allowed-hosts HOST:PORT, the same machine's requests are served.
+        uri = f"http://{host}:{allowed.port}"
+        check_tracking_uri(uri)
+        assert MlflowClient(tracking_uri=uri).create_experiment("from-another-machine")
+    finally:
+        default.stop()
+        allowed.stop()
+
+
+def test_an_invalid_host_refusal_met_after_the_check_is_one_line_too(monkeypatch, capsys) -> None:
+    # A server that starts refusing mid-run (restarted with other --allowed-hosts): MLflow's
+    # client raises; the CLI prints the same one line instead of the traceback.
+    import hpo.cli as cli
+
+    def refuse(args) -> int:
+        raise RuntimeError("API request to endpoint /api/2.0/mlflow/runs/create failed with error code 403 != 200. "
+                           "Response body: 'Invalid Host header - possible DNS rebinding attack detected'")
+
+    monkeypatch.setattr(cli, "_cmd_stop", refuse)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:secret@mlflow.example.org:5000")
+    assert cli.main(["stop", "somejob"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--allowed-hosts mlflow.example.org:5000" in err[0] and "secret" not in err[0], err
 
 
 def test_address_forms_and_the_error_line_of_a_failed_job() -> None:
