@@ -21,7 +21,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpo import held_out
-from hpo.curve_bank import bank_curves, load_bank, run_id_of
+from hpo.curve_bank import bank_curves, fill_epochs, load_bank, run_id_of
 from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
 from hpo.sweep_config import merge_trial
 from hpo.tables import markdown_table
@@ -216,7 +216,7 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
         ranking_curves += bank_curves(extra_frame)
     if config.ranking_banks:
         provenance["ranking_banks"] = [portable_path(_resolve(b)) for b in config.ranking_banks]
-    return fit_and_report(bank_curves(frame), config.fit, predictor_path, _output(config),
+    return fit_and_report(bank_curves(fill_epochs(frame)), config.fit, predictor_path, _output(config),
                           provenance=provenance, source=str(bank_path), ranking_curves=ranking_curves)
 
 
@@ -462,6 +462,7 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
         }
     return {
         "n_curves": len(curves),
+        "repeated_data": repeated_data(curves),
         "notes": list(notes or []),
         "chosen_mode": "five-parameter" if chosen_mode else "paper (m = 0.05)",
         "modes": modes,
@@ -469,6 +470,30 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
         "by_tau": {str(k): v for k, v in by_tau.to_dict(orient="index").items()},
         "per_curve": per_curve.drop(columns="tpp_band").to_dict(orient="records"),
     }
+
+
+def repeated_data(curves: list) -> dict[str, Any]:
+    """Which reference runs read their training split more than once (epochs > 1), from each
+    curve's ``epochs`` (banked runs; a user's own curves have none: ``known`` counts them)."""
+    epochs = {c.meta["name"]: float(c.meta["epochs"]) for c in curves
+              if c.meta.get("epochs") is not None and np.isfinite(float(c.meta["epochs"]))}
+    repeated = sorted((e, name) for name, e in epochs.items() if e > 1.0)
+    return {"known": len(epochs), "max_epochs": max(epochs.values(), default=None),
+            "runs": {name: e for e, name in reversed(repeated)}}
+
+
+def _repeated_markdown(info: dict[str, Any], n_curves: int) -> list[str]:
+    if not info or not info.get("known"):
+        return ["Repeated data: unknown (no curve records its passes over the training tokens).", ""]
+    runs = info["runs"]
+    if not runs:
+        return [f"Repeated data: none; every reference run read its training split at most once "
+                f"(at most {info['max_epochs']:.2f} passes, {info['known']} of {n_curves} curves known).", ""]
+    listed = ", ".join(f"{name} ({e:.1f})" for name, e in list(runs.items())[:12])
+    more = f" and {len(runs) - 12} more" if len(runs) > 12 else ""
+    return [f"Repeated data: **{len(runs)} of {info['known']} reference runs read their training split "
+            f"more than once** (up to {info['max_epochs']:.1f} passes; their training loss runs below "
+            f"validation): {listed}{more}.", ""]
 
 
 def _per_s(values: dict[str, Any], digits: int = 1) -> str:
@@ -484,6 +509,7 @@ def calibration_markdown(summary: dict[str, Any]) -> str:
     s_words = " / ".join(fractions)
     lines = [f"# Calibration ({summary['n_curves']} curves)", "",
              f"Chosen: **{summary['chosen_mode']}**, model size in the prediction: **{chosen.get('size_method')}**.", "",
+             *_repeated_markdown(summary.get("repeated_data", {}), summary["n_curves"]),
              "Decision-fraction error: RMS relative error of the final loss predicted from the first s",
              "of each curve (leave-one-out: refit without the curve).", "",
              markdown_table(

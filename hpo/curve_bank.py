@@ -41,7 +41,7 @@ import pandas as pd
 
 from hpo.errors import InputError
 from predictors.io import atomic_write_with
-from trainers.corpus import BYTE_VOCAB_SIZE, corpus_hash_of
+from trainers.corpus import BYTE_VOCAB_SIZE, corpus_hash_of, training_tokens
 
 RUN_COLUMNS = (
     "run_id", "sweep", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
@@ -200,6 +200,27 @@ def resmooth(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def fill_epochs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The bank rows with ``epochs`` (passes over the training tokens) for every run: runs
+    banked before the bank recorded it get total_tokens / the training split of their
+    config's corpus as found here (NaN where the corpus is not here)."""
+    if not len(frame) or not frame["epochs"].isna().any():
+        return frame
+    frame = frame.copy()
+    split_sizes: dict[str, float] = {}
+    for run_id, rows in frame[frame["epochs"].isna()].groupby("run_id", sort=False):
+        first = rows.iloc[0]
+        try:
+            data = json.loads(first["config_json"]).get("data") or {}
+            key = json.dumps(data, sort_keys=True)
+            if key not in split_sizes:
+                split_sizes[key] = float(training_tokens(data))
+            frame.loc[rows.index, "epochs"] = float(first["total_tokens"]) / split_sizes[key]
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # the corpus is not here (or the config unreadable): unknown
+    return frame
+
+
 def bank_curves(frame: pd.DataFrame, *, loss_column: str = "smoothed_loss", completed_only: bool = True) -> list:
     """Turn bank rows into ``predictors.Curve`` objects (one per run)."""
     from predictors import Controls, Curve
@@ -215,7 +236,7 @@ def bank_curves(frame: pd.DataFrame, *, loss_column: str = "smoothed_loss", comp
         keep = np.isfinite(values) & (t_hat > 0)
         controls = Controls.from_mapping(first.to_dict())
         meta = {k: (first[k].item() if hasattr(first[k], "item") else first[k])
-                for k in RUN_COLUMNS if k != "config_json"}
+                for k in RUN_COLUMNS + tuple(OPTIONAL_RUN_COLUMNS) if k != "config_json" and k in first}
         meta["name"] = str(run_id)
         curves.append(Curve(t_hat[keep], values[keep], controls, meta=meta))
     return curves

@@ -435,8 +435,68 @@ def _trial_slots(config: SweepConfig) -> int:
     return slots
 
 
+def _trial_extremes(config: SweepConfig) -> list[dict[str, Any]]:
+    """The trainer configs of the search space's corners (what ``load_sweep_config`` validated)."""
+    import itertools
+
+    from hpo.sweep_config import INTEGER_KEYS
+
+    names = list(config.search_space)
+    out = []
+    for values in itertools.product(*(config.search_space[n].extremes() for n in names)):
+        out.append(config.trial_trainer({n: (int(v) if n in INTEGER_KEYS else v) for n, v in zip(names, values)}))
+    return out
+
+
+def check_data(config: SweepConfig) -> Optional[str]:
+    """The trials' corpus: a token dataset must fit ``model.vocab_size`` (one clear line if
+    not). Returns the sweep's one repeated-data warning line when its longest trial reads
+    the training split more than once, else None (the trials themselves stay quiet)."""
+    from trainers.config import TrainConfig, run_controls
+    from trainers.corpus import DataError, check_vocabulary, fingerprint, token_dataset_dir, training_tokens
+
+    base = _base_trainer(config)
+    trial = TrainConfig.model_validate(base)
+    try:
+        directory = token_dataset_dir(trial.data.corpus)
+        if directory is not None:
+            cache = Path(trial.data.cache_dir).expanduser() if trial.data.cache_dir else None
+            check_vocabulary(directory, fingerprint(directory, trial.data.token_dtype, cache), trial.model.vocab_size)
+        elif trial.model.vocab_size != 256:
+            raise DataError(f"model.vocab_size: {trial.model.vocab_size} needs a token dataset, but "
+                            f"data.corpus {trial.data.corpus!r} is read as bytes (V = 256)")
+        available = training_tokens(trial.data.model_dump())
+    except (DataError, OSError) as exc:
+        raise ConfigError(f"{config.name}: trainer.{exc}" if isinstance(exc, DataError) else
+                          f"{config.name}: trainer.data.corpus: {exc}") from None
+    longest = max(run_controls(TrainConfig.model_validate(t)).total_tokens for t in _trial_extremes(config))
+    from trainers.data import repeated_data_warning
+
+    return repeated_data_warning(longest, available, trial.data.corpus)
+
+
+def check_device(config: SweepConfig) -> None:
+    """A sweep that asks for GPUs (``resources.gpu`` > 0 or ``trainer.device: cuda``) and runs
+    on this machine's own Ray needs CUDA here: one clear line instead of trials that fail."""
+    wants = config.resources.gpu > 0 or config.trainer.get("device") == "cuda"
+    if not wants or config.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        asked = (f"resources.gpu: {config.resources.gpu:g}" if config.resources.gpu > 0
+                 else "trainer.device: cuda")
+        raise ConfigError(f"{config.name}: {asked} needs a CUDA GPU, but this machine has none "
+                          f"(torch {torch.__version__} sees no CUDA device)")
+
+
 def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, Any]:
     output = preflight_sweep(config)
+    if address is None:
+        check_device(config)
+    warning = check_data(config)
+    if warning:
+        print(f"{warning} in the longest trial of sweep {config.name}", flush=True)
     return _execute(config, output, address, restore=False)
 
 

@@ -172,3 +172,42 @@ def test_hpo_train_refuses_a_vocabulary_mismatch_in_one_line(tmp_path: Path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.vocab_size: 50304 differs from vocab_size 50257" in err[0]
     assert not output.exists()
+
+
+def _sweep(corpus: Path, cache: Path, **trainer: Any) -> Any:
+    from hpo.sweep_config import load_sweep_config
+
+    base = {k: v for k, v in _config(corpus, cache).items() if k not in ("threads", "device")}
+    base.update(trainer)
+    return load_sweep_config(data={"name": "tokens", "trainer": base,
+                                   "search_space": {"lr": {"grid": [0.01, 0.02]},
+                                                    "batch_size": {"grid": [128, 256]}}})
+
+
+def test_a_sweep_checks_the_vocabulary_and_warns_once_about_repeated_data(tmp_path: Path) -> None:
+    from hpo.overrides import ConfigError
+    from hpo.sweep import check_data
+
+    corpus = write_token_dataset(tmp_path / "tokens", n_train=3000, n_val=1000)
+    # One line for the whole sweep, from its longest trial (D rounds to whole steps of each batch size).
+    warning = check_data(_sweep(corpus, tmp_path / "c", tokens_per_param=0.3))
+    assert warning is not None and "passes (epochs > 1)" in warning and "\n" not in warning
+    assert check_data(_sweep(corpus, tmp_path / "c", tokens_per_param=0.05)) is None
+    # A vocabulary that does not fit the token files fails before any trial starts.
+    with pytest.raises(ConfigError, match="tokens: trainer.model.vocab_size: 50000 differs"):
+        check_data(_sweep(corpus, tmp_path / "c", model={**_config(corpus, tmp_path)["model"], "vocab_size": 50_000}))
+
+
+def test_calibration_report_names_the_runs_that_repeated_data() -> None:
+    from hpo.calibrate import _repeated_markdown, repeated_data
+    from predictors import Controls, Curve
+
+    def curve(name: str, epochs: float) -> Any:
+        controls = Controls(tau=0.3, tokens_per_param=20.0)
+        return Curve(np.array([0.5, 1.0]), np.array([2.0, 1.9]), controls, meta={"name": name, "epochs": epochs})
+
+    info = repeated_data([curve("a", 0.4), curve("b", 6.2), curve("c", float("nan"))])
+    assert info["known"] == 2 and info["runs"] == {"b": 6.2}
+    text = " ".join(_repeated_markdown(info, 3))
+    assert "1 of 2 reference runs read their training split more than once" in text and "b (6.2)" in text
+    assert "none" in " ".join(_repeated_markdown(repeated_data([curve("a", 0.4)]), 1))
