@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpo import held_out
 from hpo.curve_bank import bank_curves, fill_epochs, load_bank, run_id_of
+from hpo.output_lock import hold_folder
 from hpo.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
 from hpo.sweep_config import merge_trial
 from hpo.tables import markdown_table
@@ -723,7 +724,15 @@ def _plot_normalized(curves: list, predictor: Any, path: Path) -> Path:
 
 
 def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool = False) -> dict[str, Any]:
+    """``hpo calibrate CONFIG``: bank the runs (unless ``fit_only``), fit, report; under the
+    output folder's lock (``hpo.output_lock``): two calibrations into one folder would break
+    its ``mlflow.db``."""
     config = load_calibration_config(config_path, overrides)
+    with hold_folder(_output(config), "hpo calibrate"):
+        return _calibrate(config, fit_only)
+
+
+def _calibrate(config: CalibrationConfig, fit_only: bool) -> dict[str, Any]:
     bank_path = _resolve(config.bank)
     if not fit_only:
         from hpo.banking import run_reference_curves  # Ray and torch: only when runs are trained
@@ -765,10 +774,11 @@ def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str,
     if config.predictor_out is None:
         raise ConfigError("predictor_out: a calibration from curves must write a predictor (got null)")
     predictor_path = _predictor_out(config)
-    summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),
-                             provenance={"calibration": config.name, "curves": imported.source},
-                             source=imported.source, notes=tuple(imported.notes))
-    _log_mlflow(config, summary)
+    with hold_folder(_output(config), "hpo calibrate"):
+        summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),
+                                 provenance={"calibration": config.name, "curves": imported.source},
+                                 source=imported.source, notes=tuple(imported.notes))
+        _log_mlflow(config, summary)
     return summary
 
 

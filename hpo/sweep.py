@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import yaml
 
+from hpo.output_lock import hold_folder
 from hpo.overrides import ConfigError, read_yaml
 from hpo.sweep_config import SweepConfig, load_sweep_config
 from hpo.tracking_uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
@@ -177,6 +178,8 @@ def preflight_sweep(config: SweepConfig) -> Path:
     output = config.output_path()
     _check_creatable(output)
     held = [m for m in SWEEP_MARKERS if (output / m).exists()]
+    if held and not _started(config, output) and not _changed_fields(config, output):
+        return output  # an earlier start of this very sweep failed before Ray saved anything: start again
     if held:
         changed = _changed_fields(config, output)
         if changed:
@@ -188,6 +191,14 @@ def preflight_sweep(config: SweepConfig) -> Path:
         raise ConfigError(f"output_dir: {output} already holds a sweep ({held[0]}); continue it with "
                           f"`hpo resume {output}`, or start afresh into another directory (--output DIR)")
     return output
+
+
+def _started(config: SweepConfig, output: Path) -> bool:
+    """Whether the sweep in ``output`` got far enough to be resumed (Ray saved its experiment
+    state, or the scheduler its decisions). A start that failed before that (Ray could not
+    start, the tracking store refused a write, ...) leaves a folder that ``hpo sweep`` may
+    start into again with the same config, never one that can be neither swept nor resumed."""
+    return (output / STATE_FILE).exists() or any(experiment_dir(config).glob("experiment_state-*.json"))
 
 
 def _changed_fields(config: SweepConfig, output: Path) -> list[str]:
@@ -236,7 +247,8 @@ def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
     experiment = experiment_dir(config)
     if not any(experiment.glob("experiment_state-*.json")):
         raise ConfigError(f"{output}: nothing to resume: no Ray experiment state in {experiment} (the sweep "
-                          "ended before Ray saved any); run it again with `hpo sweep` into a new output_dir")
+                          "ended before Ray saved any); start it again with `hpo sweep` (same config and "
+                          "output_dir), or into a new output_dir")
     check_predictor(output / PREDICTOR_FILE)
     if (output / STATE_FILE).exists():
         from hpo.scheduler_state import SchedulerState
@@ -491,15 +503,21 @@ def check_device(config: SweepConfig) -> None:
 
 
 def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, Any]:
+    """``hpo sweep``: checks, then the sweep under the output folder's lock (one driver per folder)."""
     output = preflight_sweep(config)
     if address is None:
         check_device(config)
     warning = check_data(config)
     if warning:
         print(f"{warning} in the longest trial of sweep {config.name}", flush=True)
-    return _execute(config, output, address, restore=False)
+    with hold_folder(output, "hpo sweep"):
+        preflight_sweep(config)  # again under the lock: another driver may have used the folder meanwhile
+        return _execute(config, output, address, restore=False)
 
 
 def resume_sweep(output_dir: str | Path, address: Optional[str] = None) -> dict[str, Any]:
+    """``hpo resume``: checks, then the resumed sweep under the output folder's lock."""
     config, output, created_in = preflight_resume(output_dir)
-    return _execute(config, output, address, restore=True, created_in=created_in)
+    with hold_folder(output, "hpo resume"):
+        config, output, created_in = preflight_resume(output_dir)
+        return _execute(config, output, address, restore=True, created_in=created_in)
