@@ -53,6 +53,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo import rules
+from hpo.errors import InputError
 from hpo.scheduler_state import (HALTED_STATUSES, HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord,
                                  history_path, utc_now)
 from predictors.controls import Controls
@@ -72,8 +73,9 @@ _ALIVE = ("pending", "running", "paused")
 _OUT = ("stopped", "diverged")
 
 
-class SchedulerContractError(ValueError):
-    """A trial's results break the report contract (``docs/design.md``); names the key."""
+class SchedulerContractError(InputError):
+    """A trial's results break the report contract (``docs/design.md``); names the key. An
+    :class:`~hpo.errors.InputError`: the CLI prints it as one line (exit status 2)."""
 
 
 def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -189,6 +191,9 @@ class CollapseScheduler(FIFOScheduler):
         self._last_save = 0.0
         self._strict = False  # tests set True to re-raise internal errors
         self._controls_read: set[str] = set()  # trials whose controls this process has read
+        # Per trial, (iterations_since_restore, t̂) of its last result in this process: within one
+        # run of a trainable (no restore between) t̂ may never go back.
+        self._session: dict[str, tuple[int, float]] = {}
         self._warned: set[str] = set()
         self._history = HistoryLog(history_path(self._state_path)) if self._state_path else None
         self._history_started = False  # a fresh experiment truncates a stale history log once
@@ -308,6 +313,7 @@ class CollapseScheduler(FIFOScheduler):
         self.__dict__.update(state)
         self._deciding = False
         self._controls_read = set()
+        self._session = {}
         if self._state_path is not None:
             self._history = HistoryLog(history_path(self._state_path))
         self._load_existing()
@@ -631,6 +637,7 @@ class CollapseScheduler(FIFOScheduler):
                 "report the training fraction (tokens seen / total tokens), not an iteration count or a percent")
         if self._metric not in result:
             raise SchedulerContractError(f"CollapseScheduler: trial {rec.trial_id}: result has no {self._metric!r}")
+        self._check_monotone(rec.trial_id, t, result.get("iterations_since_restore"))
         for key in ("n_params", "total_tokens"):
             value = finite_or_none(result.get(key))
             if value is not None and value > 0:
@@ -666,6 +673,22 @@ class CollapseScheduler(FIFOScheduler):
         if self._history is not None:
             self._history.append(rec.trial_id, t, value)
         return False
+
+    def _check_monotone(self, trial_id: str, t: float, iteration: Any) -> None:
+        """Refuse t̂ going backwards within one run of a trainable. Ray counts the results since
+        the last (re)start in ``iterations_since_restore``; a smaller t̂ after a restore (a
+        checkpoint, or a trainable restarted after a pause) is a rewind the history handles, but
+        a smaller t̂ in the same run means the trainable reports something else than the
+        training fraction, and would silently rewrite the curve the rungs are decided on."""
+        if isinstance(iteration, bool) or not isinstance(iteration, int):
+            return  # no Ray bookkeeping (a hand-driven scheduler): restores cannot be told apart
+        last = self._session.get(trial_id)
+        if last is not None and iteration > last[0] and t < last[1] - T_HAT_EPS:
+            raise SchedulerContractError(
+                f"CollapseScheduler: trial {trial_id}: {self._time_attr} went back from {last[1]:g} to {t:g} "
+                f"within one run of its trainable (result {iteration} since its last restore); report the "
+                "training fraction, which only grows (tokens seen / total tokens)")
+        self._session[trial_id] = (iteration, t)
 
     def _on_result(self, tc: "TuneController", trial: Trial, result: Dict) -> str:
         rec = self._state.trials.get(trial.trial_id)

@@ -887,6 +887,26 @@ def test_contract_violations_are_errors():
         s.on_trial_result(ctl, stub("ghost", final=1.0, tau=0.5), make_result(1.0, 0.5, 0.05))
 
 
+# Asserts: t̂ going back within one run of a trainable (Ray's iterations_since_restore grows)
+# stops the sweep with a message naming the trial and both values; the same step back after a
+# restore (iterations_since_restore starts again) is a rewind, accepted.
+def test_t_hat_going_back_within_one_run_is_refused():
+    from hpo.errors import InputError
+    from hpo.scheduler import SchedulerContractError
+
+    s = sched()
+    a = stub("a", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a])
+    ctl.start(a)
+    s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.06, iterations_since_restore=1))
+    s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.08, iterations_since_restore=2))
+    with pytest.raises(SchedulerContractError, match=r"trial a: train_fraction went back from 0.08 to 0.04") as err:
+        s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.04, iterations_since_restore=3))
+    assert isinstance(err.value, InputError)  # the CLI prints it as one line, exit 2
+    s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.02, iterations_since_restore=1))  # restored
+    assert s.state.trials["a"].history[-1][0] == pytest.approx(0.02)
+
+
 # Asserts: controls missing from the results are read from the trial's config; a trial whose
 # first report is its last (t̂ = 1) is never paused (it would run twice).
 def test_controls_from_config_and_no_pause_at_the_end():
