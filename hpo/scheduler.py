@@ -57,6 +57,7 @@ from hpo.errors import InputError
 from hpo.scheduler_state import (HALTED_STATUSES, HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord,
                                  history_path, utc_now)
 from predictors.controls import Controls
+from predictors.schedules import SCHEDULE_NAMES, Schedule
 from predictors.curves import T_HAT_EPS
 from predictors.io import finite_or_none, json_safe
 
@@ -71,6 +72,11 @@ _RAY_TO_STATUS = {Trial.PENDING: "pending", Trial.RUNNING: "running", Trial.PAUS
                   Trial.TERMINATED: "completed", Trial.ERROR: "error"}
 _ALIVE = ("pending", "running", "paused")
 _OUT = ("stopped", "diverged")
+#: Controls a result (or the trial's config) must carry: without them nothing can be predicted.
+CONTROL_KEYS = ("tau", "tokens_per_param")
+#: What a result without a schedule is taken to mean (Controls.from_mapping's defaults), said once.
+SCHEDULE_DEFAULTS = {"schedule": Schedule().name, "warmup_fraction": Schedule().warmup_fraction,
+                     "decay_fraction": Schedule().decay_fraction}
 
 
 class SchedulerContractError(InputError):
@@ -645,11 +651,7 @@ class CollapseScheduler(FIFOScheduler):
         if rec.trial_id not in self._controls_read or rec.controls is None:
             # A trial's controls do not change: read them once per process (and until found).
             merged = {**_flat(rec.config), **result}
-            try:
-                rec.controls = Controls.from_mapping(merged)
-            except (KeyError, ValueError, TypeError) as exc:
-                self._warn_once(rec.trial_id, "CollapseScheduler: trial %s: no usable controls yet (%s)",
-                                rec.trial_id, exc)
+            rec.controls = self._controls(rec.trial_id, merged)
             rec.sweep_values = rules.sweep_values(merged)
             self._controls_read.add(rec.trial_id)
         value = finite_or_none(result.get(self._metric))
@@ -689,6 +691,34 @@ class CollapseScheduler(FIFOScheduler):
                 f"within one run of its trainable (result {iteration} since its last restore); report the "
                 "training fraction, which only grows (tokens seen / total tokens)")
         self._session[trial_id] = (iteration, t)
+
+    def _controls(self, trial_id: str, merged: Mapping[str, Any]) -> Controls:
+        """A trial's controls from its result and config. Without ``tau`` or ``tokens_per_param``
+        no prediction can be made and every trial would silently be kept at every rung: a
+        contract error. A missing schedule or warmup takes the default, said once per sweep
+        (a cosine run read as linear is predicted with the wrong shape)."""
+        missing = [key for key in CONTROL_KEYS if merged.get(key) is None]
+        if missing:
+            raise SchedulerContractError(
+                f"CollapseScheduler: trial {trial_id}: neither its result nor its config has "
+                f"{' or '.join(repr(k) for k in missing)} (the run's controls: AdamW timescale τ = B/(η·λ·D) and "
+                "tokens per parameter D/N); report them in every result, or nothing can be predicted and no "
+                "trial stopped")
+        absent = [key for key in SCHEDULE_DEFAULTS if merged.get(key) is None
+                  and (key != "decay_fraction" or merged.get("schedule") == "wsd")]
+        if absent:
+            assumed = ", ".join(f"{key}={SCHEDULE_DEFAULTS[key]!r}" for key in absent)
+            if "schedule" in absent:
+                assumed += " (warmup, then linear decay to zero)"
+            self._warn_once("schedule-defaults", "CollapseScheduler: trial %s reports no %s: assuming %s for every "
+                            "trial that lacks them; a run with another schedule is then predicted with the wrong "
+                            "shape: report 'schedule' (one of %s) and 'warmup_fraction' in every result", trial_id,
+                            " or ".join(repr(key) for key in absent), assumed, ", ".join(SCHEDULE_NAMES))
+        try:
+            return Controls.from_mapping(merged)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SchedulerContractError(f"CollapseScheduler: trial {trial_id}: unusable controls: "
+                                         f"{str(exc).strip(chr(39))}") from None
 
     def _on_result(self, tc: "TuneController", trial: Trial, result: Dict) -> str:
         rec = self._state.trials.get(trial.trial_id)

@@ -43,3 +43,16 @@ def test_own_trainable_example_stops_the_losing_trials_and_prints_why():
     assert len(stopped) >= 1 and all("predicted final" in line for line in stopped)
     assert any(line.startswith("lr=0.01: completed") for line in lines), done.stdout[-2000:]
     assert any(line.startswith("compute used: ") for line in lines)
+
+
+def test_the_readme_trainable_snippet_reports_every_control_the_scheduler_reads():
+    # The README's own-trainable snippet is what users copy: it must report the required
+    # controls, the schedule (else 'linear' is assumed) and n_params (else a predictor
+    # calibrated on sizes warns NParamsMissingWarning).
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Using CollapseScheduler with your own trainable", 1)[1].split("\n## ", 1)[0]
+    report = section.split("tune.report({", 1)[1].split("})", 1)[0]
+    keys = set(re.findall(r'"([a-z_]+)":', report))
+    assert {"loss", "train_fraction", "tau", "tokens_per_param", "schedule", "warmup_fraction", "n_params"} <= keys

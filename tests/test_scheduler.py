@@ -18,6 +18,7 @@ on τ (so "current best" and "predicted best" differ).
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import random
 import time
@@ -905,6 +906,39 @@ def test_t_hat_going_back_within_one_run_is_refused():
     assert isinstance(err.value, InputError)  # the CLI prints it as one line, exit 2
     s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.02, iterations_since_restore=1))  # restored
     assert s.state.trials["a"].history[-1][0] == pytest.approx(0.02)
+
+# Asserts: a trial whose results and config lack tau or tokens_per_param is a contract error
+# naming the keys (before: every trial was silently kept at every rung, "predicted best None");
+# a missing schedule/warmup is said once per sweep, naming the keys and the defaults assumed.
+def test_missing_controls_are_errors_and_a_missing_schedule_is_said_once(caplog):
+    from hpo.scheduler import SchedulerContractError
+
+    for drop, named in ((("tau",), "'tau'"), (("tau", "tokens_per_param"), "'tau' or 'tokens_per_param'"),
+                        (("tokens_per_param",), "'tokens_per_param'")):
+        s = sched()
+        a = stub("a", final=1.0)
+        ctl = FakeController(s, [a])
+        ctl.start(a)
+        result = {k: v for k, v in make_result(1.0, 0.5, 0.05).items() if k not in drop}
+        with pytest.raises(SchedulerContractError, match=f"trial a: neither its result nor its config has {named} "):
+            s.on_trial_result(ctl, a, result)
+    s = sched()
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.0, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    caplog.set_level(logging.WARNING, logger="hpo.scheduler")
+    for trial in (a, b):
+        ctl.start(trial)
+        plain = {k: v for k, v in make_result(1.0, 0.5, 0.05).items() if k not in ("schedule", "warmup_fraction")}
+        assert s.on_trial_result(ctl, trial, plain) == CONTINUE
+    said = [r.getMessage() for r in caplog.records if "assuming" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "no 'schedule' or 'warmup_fraction': assuming schedule='linear', warmup_fraction=0.1" in said[0]
+    assert s.state.trials["b"].controls.schedule.name == "linear"
+    c = stub("c", final=1.0, tau=0.5)
+    ctl.add(c)
+    ctl.start(c)
+    with pytest.raises(SchedulerContractError, match="unusable controls: schedule: unknown name 'cosin'"):
+        s.on_trial_result(ctl, c, make_result(1.0, 0.5, 0.05, schedule="cosin"))
 
 
 # Asserts: controls missing from the results are read from the trial's config; a trial whose
