@@ -24,9 +24,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 FILE_MODE = 0o644
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (unique temporary file, fsync, 0644, replace)."""
-    return atomic_write_with(path, lambda tmp: Path(tmp).write_bytes(data))
+def atomic_write_bytes(path: PathLike, data: bytes, mode: int = FILE_MODE) -> Path:
+    """Write ``data`` to ``path`` atomically (unique temporary file, fsync, ``mode`` (0644), replace)."""
+    return atomic_write_with(path, lambda tmp: Path(tmp).write_bytes(data), mode=mode)
 
 
 def atomic_write_text(path: PathLike, text: str) -> Path:
@@ -39,9 +39,10 @@ def atomic_write_json(path: PathLike, value: Any, *, indent: Optional[int] = 2) 
     return atomic_write_text(path, dumps(value, indent=indent) + "\n")
 
 
-def atomic_write_with(path: PathLike, write: Callable[[str], Any]) -> Path:
+def atomic_write_with(path: PathLike, write: Callable[[str], Any], mode: int = FILE_MODE) -> Path:
     """Call ``write(temporary_path)`` (e.g. ``frame.to_parquet``, ``torch.save``), then move
-    the temporary file over ``path`` atomically; the temporary file is removed on failure."""
+    the temporary file over ``path`` atomically (with permissions ``mode``); the temporary
+    file is removed on failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -50,7 +51,7 @@ def atomic_write_with(path: PathLike, write: Callable[[str], Any]) -> Path:
         write(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, FILE_MODE)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -62,6 +62,35 @@ def test_user_directory_is_read_in_sorted_order(tmp_path: Path) -> None:
     assert corpus_files(str(tmp_path / "c.txt")) == [tmp_path / "c.txt"]
 
 
+def test_corpus_cache_is_the_users_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cache holds a copy of whatever corpus was read (a corpus of /etc once put lines of
+    # /etc/shadow into a world-readable ~/.cache): files 0600 in a 0700 directory.
+    import stat
+
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "secret.txt").write_bytes(b"private words " * 10)
+    default = tmp_path / "home-cache"
+    default.mkdir(mode=0o755)
+    default.chmod(0o755)  # as an earlier version left it
+    monkeypatch.setenv("COLLAPSE_HPO_CACHE", str(default))
+    old = os.umask(0o022)
+    try:
+        corpus = load_corpus(DataConfig(corpus=str(tmp_path / "text")))
+        named = load_corpus(DataConfig(corpus=str(tmp_path / "text"), cache_dir=str(tmp_path / "new" / "cache")))
+    finally:
+        os.umask(old)
+    for path in (corpus.path, named.path):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700, path.parent
+    # A copy left 0644 by an earlier version is made private when it is next used.
+    from trainers import data
+
+    named.path.chmod(0o644)
+    data._LOADED.clear()
+    load_corpus(DataConfig(corpus=str(tmp_path / "text"), cache_dir=str(tmp_path / "new" / "cache")))
+    assert stat.S_IMODE(named.path.stat().st_mode) == 0o600
+
+
 def test_missing_corpus_names_the_field() -> None:
     # An unknown path is an error naming data.corpus.
     with pytest.raises(FileNotFoundError, match="data.corpus"):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from predictors.io import atomic_write_json
+from predictors.io import atomic_write_bytes, dumps
 
 TRAIN_FILE, VAL_FILE, META_FILE = "train.bin", "val.bin", "meta.json"
 TOKEN_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {"uint16": np.uint16, "uint32": np.uint32}
@@ -94,6 +94,29 @@ def held_out_count(n_tokens: int, val_fraction: float) -> int:
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("COLLAPSE_HPO_CACHE", Path.home() / ".cache" / "collapse-hpo"))
+
+
+#: The corpus cache holds copies of whatever the corpus was (a user's private text, or a
+#: system directory they named by mistake): its files are the user's alone, in a directory
+#: only they can list.
+CACHE_DIR_MODE, CACHE_FILE_MODE = 0o700, 0o600
+
+
+def private_cache_dir(cache_dir: Path) -> Path:
+    """Create ``cache_dir`` (0700); a directory this package owns (the default cache) is set
+    to 0700 also when it exists from an earlier, world-readable version. A directory the user
+    named is theirs: created 0700, but an existing one keeps its mode (its files are 0600)."""
+    cache_dir.mkdir(mode=CACHE_DIR_MODE, parents=True, exist_ok=True)
+    if cache_dir.resolve() == default_cache_dir().resolve() and cache_dir.stat().st_mode & 0o077:
+        os.chmod(cache_dir, CACHE_DIR_MODE)
+    return cache_dir
+
+
+def private_cache_file(path: Path) -> Path:
+    """Make a cache file written by an earlier version (0644) the user's alone (0600)."""
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, CACHE_FILE_MODE)
+    return path
 
 
 def token_dataset_dir(corpus: str) -> Path | None:
@@ -178,8 +201,9 @@ def fingerprint(directory: Path, token_dtype: str, cache_dir: Path | None = None
         n_val, max_val = _scan(files[1], dtype, digest)
         found = TokenFingerprint(digest.hexdigest(), n_train, n_val, max(max_train, max_val), meta)
         try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(cache_file, {k: v for k, v in asdict(found).items() if k != "meta_vocab_size"})
+            private_cache_dir(cache_dir)
+            atomic_write_bytes(cache_file, (dumps({k: v for k, v in asdict(found).items() if k != "meta_vocab_size"})
+                                            + "\n").encode(), mode=CACHE_FILE_MODE)
         except OSError:
             pass  # a read-only cache only costs a re-read next time
     _MEMO[key] = found

@@ -32,6 +32,7 @@ from predictors.io import atomic_write_bytes
 from trainers.config import DataConfig
 from trainers.corpus import (
     BYTE_VOCAB_SIZE,
+    CACHE_FILE_MODE,
     TOKEN_DTYPES,
     TRAIN_FILE,
     VAL_FILE,
@@ -40,6 +41,8 @@ from trainers.corpus import (
     corpus_files,
     default_cache_dir,
     held_out_count,
+    private_cache_dir,
+    private_cache_file,
     stdlib_files,
     fingerprint,
     token_dataset_dir,
@@ -149,11 +152,13 @@ def load_corpus(config: DataConfig, vocab_size: int = BYTE_VOCAB_SIZE) -> Corpus
     key = (str(cache_dir), digest)
     if key in _LOADED:
         return _LOADED[key]
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    private_cache_dir(cache_dir)
     path = cache_dir / f"corpus-{digest}.bin"
     if not path.exists() or path.stat().st_size != len(raw):
-        # Atomic, so concurrent trials never map a half-written file.
-        atomic_write_bytes(path, raw)
+        # Atomic, so concurrent trials never map a half-written file; 0600: a copy of the corpus.
+        atomic_write_bytes(path, raw, mode=CACHE_FILE_MODE)
+    else:
+        private_cache_file(path)
     corpus = Corpus(
         tokens=_map_tokens(path, np.uint8),
         path=path,
