@@ -11,6 +11,7 @@ curves, neither of which imports Ray or torch.
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import math
 from pathlib import Path
@@ -28,7 +29,7 @@ from hpo.sweep_config import merge_trial
 from hpo.tables import markdown_table
 from predictors import equations, fit
 from predictors.references import ReferenceCurves
-from predictors.io import atomic_write_json, atomic_write_text, atomic_write_with
+from predictors.io import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
 
 
 class FitSettings(BaseModel):
@@ -306,12 +307,18 @@ def fit_and_report(
     else:
         chosen = dataclasses.replace(chosen, predictor=dataclasses.replace(chosen.predictor, monitor=band))
         results[chosen_mode] = chosen
-    chosen.predictor.save(predictor_path)
+    # Everything is computed before anything is written (issue 28): a report or figure that fails
+    # leaves no predictor file a user could take for a finished calibration. The predictor goes
+    # last, so it exists only once its report and figure do.
     summary = _calibration_summary(curves, results, chosen_mode, held, notes, choices)
+    report = calibration_markdown(summary)
+    figure = _render_normalized(curves, chosen.predictor)
+    predictor_json = dumps(chosen.predictor.to_dict()) + "\n"
     # Strict JSON: a coverage or error that could not be measured is null, never a bare NaN.
     atomic_write_json(out / "calibration.json", summary)
-    atomic_write_text(out / "calibration.md", calibration_markdown(summary))
-    _plot_normalized(curves, chosen.predictor, out / "normalized.png")
+    atomic_write_text(out / "calibration.md", report)
+    atomic_write_bytes(out / "normalized.png", figure)
+    atomic_write_text(predictor_path, predictor_json)
     summary["predictor"] = str(predictor_path)
     summary["report_dir"] = str(out)
     return summary
@@ -433,8 +440,10 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
     per_curve["tpp_band"] = per_curve["tokens_per_param"].round(0)
     by_tpp = per_curve.groupby("tpp_band")[["fit_mae", "oracle_mae"]].mean()
     finite_tau = per_curve[np.isfinite(per_curve["tau"])]
-    tau_bins = pd.cut(np.log10(finite_tau["tau"]), bins=min(4, max(1, finite_tau["tau"].nunique())))
-    by_tau = finite_tau.groupby(tau_bins, observed=True)[["fit_mae", "oracle_mae"]].mean()
+    by_tau = pd.DataFrame(columns=["fit_mae", "oracle_mae"])
+    if len(finite_tau):  # a bank of τ = ∞ runs only (no weight decay) has no τ bins
+        tau_bins = pd.cut(np.log10(finite_tau["tau"]), bins=min(4, max(1, finite_tau["tau"].nunique())))
+        by_tau = finite_tau.groupby(tau_bins, observed=True)[["fit_mae", "oracle_mae"]].mean()
     modes = {}
     for fit_m, result in results.items():
         table = result.predictor.decision_error
@@ -543,6 +552,9 @@ def calibration_markdown(summary: dict[str, Any]) -> str:
     if notes:
         lines += ["", "## Fit log", ""] + [f"- {n}" for n in dict.fromkeys(notes)]
     for title, key, first in (("By TPP", "by_tpp", "TPP"), ("By log10 τ bin", "by_tau", "log10 τ")):
+        if not summary[key]:  # τ bins of a bank whose runs all have τ = ∞
+            lines += ["", f"## {title} (chosen mode)", "", "No run with a finite τ (every run has no weight decay)."]
+            continue
         lines += ["", f"## {title} (chosen mode)", "",
                   markdown_table([first, "fit MAE", "oracle MAE"],
                                  [[k, f"{100 * row['fit_mae']:.2f}%", f"{100 * row['oracle_mae']:.2f}%"]
@@ -664,11 +676,12 @@ PLOT_COLUMNS = 3
 PLOT_DPI = 100
 
 
-def _plot_normalized(curves: list, predictor: Any, path: Path) -> Path:
+def _render_normalized(curves: list, predictor: Any) -> bytes:
     """Every curve's ℓ = L/L(1) (solid) and the predictor's ℓ (dashed; reference curves or the
     surrogate at the run's controls and size), one panel per TPP (and per model size when the
     bank has several), at most ``PLOT_COLUMNS`` panels a row (≤ ``PLOT_MAX_WIDTH_PX`` wide), each
-    y-axis fitted to its curves over t̂ ≥ 0.05. Colour: τ within a panel."""
+    y-axis fitted to its curves over t̂ ≥ 0.05. Colour: τ within a panel. Returns the PNG's bytes
+    (written by the caller once every output of the calibration is ready)."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -720,7 +733,9 @@ def _plot_normalized(curves: list, predictor: Any, path: Path) -> Path:
         bar = fig.colorbar(mappable, ax=fig.axes, shrink=0.8, ticks=range(len(finite_taus)))
         bar.ax.set_yticklabels([f"{t:g}" for t in finite_taus])
         bar.set_label("τ")
-    return atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
 
 
 def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool = False) -> dict[str, Any]:

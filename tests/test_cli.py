@@ -153,6 +153,42 @@ def test_calibrate_from_curves_missing_column_exits_2_and_writes_nothing(
     assert main(["calibrate"]) == 2 and "--from-curves" in capsys.readouterr().err
 
 
+def test_calibrate_from_curves_without_weight_decay_writes_its_report(tmp_path: Path) -> None:
+    # Every run at λ = 0 (τ = ∞; the importer takes weight_decay 0 with eta and batch_size): the
+    # calibration runs to the end, with b_exp fixed and said so, and no τ bins (was: predictor
+    # written, then a crash binning an empty set of finite τ; exit 1, no report).
+    import pandas as pd
+    from predictors import Predictor
+
+    curves = tmp_path / "no_decay.csv"
+    pd.read_csv(EXAMPLE_CURVES).assign(weight_decay=0.0).to_csv(curves, index=False)
+    pred, out = tmp_path / "p.json", tmp_path / "out"
+    assert main(["calibrate", "--from-curves", str(curves), "--predictor-out", str(pred),
+                 "--output-dir", str(out), "--set", "fit.compare_fixed_m=false"]) == 0
+    report = (out / "calibration.md").read_text()
+    assert "b_exp = 0" in report and "No run with a finite τ" in report
+    assert (out / "normalized.png").stat().st_size > 0
+    assert Predictor.load(pred).params.b_exp == 0.0
+
+
+def test_calibration_that_fails_after_fitting_leaves_no_predictor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The predictor is written only once its report and figure are ready: a failure drawing the
+    # figure leaves no predictor.json a user could take for a finished calibration.
+    from hpo import calibrate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("figure failed")
+
+    monkeypatch.setattr(calibrate, "_render_normalized", broken)
+    pred, out = tmp_path / "p.json", tmp_path / "out"
+    code = main(["calibrate", "--from-curves", str(EXAMPLE_CURVES), "--predictor-out", str(pred),
+                 "--output-dir", str(out), "--set", "fit.compare_fixed_m=false", "--set", "fit.held_out_error=false"])
+    assert code == 1 and "figure failed" in capsys.readouterr().err
+    assert not pred.exists()
+    assert not [p.name for p in out.rglob("*") if p.name in ("calibration.json", "calibration.md", "normalized.png")]
+
+
 NO_RAY_NO_TORCH = r"""
 import sys
 from hpo.cli import main
