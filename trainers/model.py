@@ -12,8 +12,11 @@ trainers/parameterization.py, so SP, µP and CompleteP share this one forward pa
   a fixed ("finite") dimension: only d grows, so the embedding keeps η, σ and α_in and the
   logits keep α_out/m_N whatever V is (docs/parameterization.md).
 
-Speed (benchmarks/trainer_throughput.md): attention is ``F.scaled_dot_product_attention``
-with the ALiBi bias as a float mask on every device; every µP/CompleteP multiplier and every
+Speed (benchmarks/trainer_throughput.md): on CUDA attention is FlexAttention with ALiBi as
+a ``score_mod`` and a causal ``BlockMask`` (``flex_alibi``: no T×T bias tensor, masked blocks
+skipped); on CPU it is ``F.scaled_dot_product_attention`` with the ALiBi bias as a float mask
+(FlexAttention has no CPU backward in torch 2.13, and its compiled CPU forward measured
+slower: benchmarks/attention_cpu.py); every µP/CompleteP multiplier and every
 RMSNorm gain is folded into the weight of the matmul it scales (ScaledLinear), so none costs
 an activation-sized op; on CPU the norm has a closed-form backward (_UnitRMSNormCPU).
 """
@@ -21,7 +24,8 @@ an activation-sized op; on CPU the norm has a closed-form backward (_UnitRMSNorm
 from __future__ import annotations
 
 import math
-from typing import Any
+import weakref
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +74,85 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     for autocast). A test checks it against the three-op softmax(q·kᵀ·scale + bias)·v.
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+AttentionBackend = Literal["auto", "sdpa", "flex"]
+
+
+def flex_attention_available() -> bool:
+    """Whether this torch has FlexAttention (torch >= 2.5)."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# One causal BlockMask per (T, device), built on first use: it depends on nothing else (the
+# ALiBi slopes live in the score_mod), so every layer, step and model of that T shares it.
+_BLOCK_MASKS: dict[tuple[int, torch.device], Any] = {}
+# flex_attention compiled once; dynamic=False makes it specialise (compile once) per shape.
+_COMPILED_FLEX: list[Any] = []
+
+
+def _causal(batch: Any, head: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    return q_idx >= kv_idx
+
+
+@torch.compiler.disable
+def causal_block_mask(seq_len: int, device: torch.device) -> Any:
+    """The causal ``BlockMask`` for length ``seq_len`` on ``device`` (cached)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (seq_len, torch.device(device))
+    if key not in _BLOCK_MASKS:
+        _BLOCK_MASKS[key] = create_block_mask(_causal, None, None, seq_len, seq_len, device=device)
+    return _BLOCK_MASKS[key]
+
+
+def _flex_kernel(compiled: bool) -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if not _COMPILED_FLEX:
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _COMPILED_FLEX[0]
+
+
+# id(slopes) -> (a weak reference to the slopes tensor, its score_mod). Tensors cannot key a
+# WeakKeyDictionary (their == is elementwise), so the entry checks that the id is still theirs.
+_SCORE_MODS: dict[int, tuple[Any, Any]] = {}
+
+
+def alibi_score_mod(slopes: torch.Tensor) -> Any:
+    """The ALiBi ``score_mod`` of a slopes tensor: score − slope_h·(i−j). One function object
+    per slopes tensor (a model's buffer), so the compiled kernel sees the same one every call."""
+    entry = _SCORE_MODS.get(id(slopes))
+    if entry is None or entry[0]() is not slopes:
+
+        def alibi(score: torch.Tensor, batch: Any, head: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            return score - slopes[head] * (q_idx - kv_idx)
+
+        entry = _SCORE_MODS[id(slopes)] = (weakref.ref(slopes), alibi)
+    return entry[1]
+
+
+def flex_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor, scale: float,
+               compiled: bool | None = None, block_mask: Any = None) -> torch.Tensor:
+    """softmax(q·kᵀ·scale − slope_h·(i−j), causal)·v through FlexAttention.
+
+    The same function as `attend` with `alibi_bias` (a test compares values and gradients):
+    the bias is computed inside the kernel from the per-head ``slopes`` (fp32), and the
+    causal BlockMask skips the blocks above the diagonal instead of adding −inf to them.
+    ``compiled`` (default: on CUDA) runs the kernel torch.compile generates; uncompiled is
+    FlexAttention's reference path, which materialises the T×T scores (CPU tests only: in
+    torch 2.13 FlexAttention has no backward on CPU).
+    """
+    if block_mask is None:
+        block_mask = causal_block_mask(q.shape[-2], q.device)
+    kernel = _flex_kernel(q.is_cuda if compiled is None else compiled)
+    return kernel(q, k, v, score_mod=alibi_score_mod(slopes), block_mask=block_mask, scale=scale)
 
 
 class ScaledLinear(nn.Linear):
@@ -171,7 +254,10 @@ class Attention(nn.Module):
         self.qkv = ScaledLinear(config.d_model, 3 * self.inner)
         self.proj = ScaledLinear(self.inner, config.d_model, output_multiplier)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, input_gain: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, input_gain: torch.Tensor | None = None,
+                slopes: torch.Tensor | None = None, block_mask: Any = None) -> torch.Tensor:
+        """``bias`` (1, H, T, T) runs float-mask SDPA; ``bias`` None runs `flex_alibi` with
+        ``slopes`` and the causal ``block_mask``."""
         batch, seq, _ = x.shape
         # (B, T, 3·H·hs) -> three (B, H, T, hs) views. split's backward is one cat straight
         # into the (B, T, 3·H·hs) layout the qkv matmul's backward reads; unbinding a
@@ -180,7 +266,11 @@ class Attention(nn.Module):
             t.view(batch, seq, self.n_heads, self.d_head).transpose(1, 2)
             for t in self.qkv(x, input_gain).split(self.inner, dim=-1)
         )
-        y = attend(q, k, v, bias, self.scale)
+        if bias is None:
+            assert slopes is not None
+            y = flex_alibi(q, k, v, slopes, self.scale, block_mask=block_mask)
+        else:
+            y = attend(q, k, v, bias, self.scale)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, self.inner))
 
 
@@ -207,9 +297,10 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = SwiGLU(config, output_multiplier=residual)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, slopes: torch.Tensor | None = None,
+                block_mask: Any = None) -> torch.Tensor:
         # Pre-norm branches; each norm's gain is folded into the matmul that reads it.
-        x = x + self.attn(self.attn_norm.normalize(x), bias, self.attn_norm.weight)
+        x = x + self.attn(self.attn_norm.normalize(x), bias, self.attn_norm.weight, slopes, block_mask)
         return x + self.mlp(self.mlp_norm.normalize(x), self.mlp_norm.weight)
 
 
@@ -234,6 +325,11 @@ class GPT(nn.Module):
         # Not a parameter and not saved: rebuilt from the config. (1, H, T, T): the 4-D
         # shape SDPA's fused CPU kernel accepts (see `attend`).
         self.register_buffer("alibi", alibi_bias(config.num_heads, config.seq_len)[None], persistent=False)
+        # FlexAttention's ALiBi reads the slopes (fp32 under autocast too) instead of the mask.
+        self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads), persistent=False)
+        # "auto": FlexAttention on CUDA (where torch has it), float-mask SDPA elsewhere;
+        # "sdpa" / "flex" force one (tests, benchmarks).
+        self.attention_backend: AttentionBackend = "auto"
         # The bias cast to an autocast dtype, made once per (device, dtype) instead of by
         # autocast in every layer of every step.
         self._cast_alibi: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -269,11 +365,23 @@ class GPT(nn.Module):
             bias = self._cast_alibi[key]
         return bias[:, :, :seq, :seq]
 
+    def uses_flex(self, device: torch.device) -> bool:
+        """Whether attention on ``device`` runs through FlexAttention (see ``attention_backend``)."""
+        if self.attention_backend == "auto":
+            return device.type == "cuda" and flex_attention_available()
+        return self.attention_backend == "flex"
+
     def _residual_stream(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.uses_flex(idx.device):
+            # First: under torch.compile the (cached) mask lookup is the graph's one break,
+            # at its start rather than between layers.
+            block_mask = causal_block_mask(idx.shape[1], idx.device)
+            bias, slopes = None, self.alibi_slopes
+        else:
+            block_mask, bias, slopes = None, self._attention_bias(idx.shape[1]), None
         x = self.embed(idx)
-        bias = self._attention_bias(idx.shape[1])
         for block in self.blocks:
-            x = block(x, bias)
+            x = block(x, bias, slopes, block_mask)
         return x
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
