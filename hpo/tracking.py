@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ray import tune
 
+from hpo.errors import InputError
 from hpo.tracking_uri import sqlite_path, strip_credentials
 from predictors.io import atomic_write_json, dumps
 
@@ -64,6 +66,26 @@ STOP_TAG = "collapse_hpo.stopped"
 PUBLISHED_DIR = "collapse_hpo"
 EARLY_ANSWER_ARTIFACT = f"{PUBLISHED_DIR}/early_answer.json"
 PROGRESS_ARTIFACT = f"{PUBLISHED_DIR}/progress.json"
+
+
+#: The ids this package puts into MLflow search filters (Ray job, trial and MLflow run ids).
+#: MLflow's filter grammar has no escape for a quote, so a value is checked, never escaped.
+_FILTER_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,255}")
+
+
+def filter_value(value: Any, field: str) -> str:
+    """``value`` quoted for an MLflow filter string, if it is a plain id; an
+    :class:`~hpo.errors.InputError` naming ``field`` otherwise (a quote would splice the rest
+    of it into the filter, and could select another job's runs).
+
+    >>> filter_value("raysubmit_8Gk2", "JOB")
+    "'raysubmit_8Gk2'"
+    """
+    text = str(value)
+    if not _FILTER_VALUE.fullmatch(text):
+        raise InputError(f"{field}: {text[:80]!r} is not a valid id (letters, digits and _ . : @ + -, "
+                         "starting with a letter or digit, at most 256 characters)")
+    return f"'{text}'"
 
 
 def decision_artifact(rung: int) -> str:
@@ -254,7 +276,8 @@ class SweepTracker:
         """A child run of this parent already tagged with ``trial_id`` (oldest first)."""
         runs = self.client.search_runs(
             [self.experiment_id()],
-            filter_string=f"tags.trial_id = '{trial_id}' and tags.`mlflow.parentRunId` = '{self.parent_run_id()}'",
+            filter_string=(f"tags.trial_id = {filter_value(trial_id, 'trial id')} and "
+                           f"tags.`mlflow.parentRunId` = {filter_value(self.parent_run_id(), 'parent run id')}"),
             order_by=["attributes.start_time ASC"], max_results=1,
         )
         return runs[0].info.run_id if runs else None
@@ -315,7 +338,7 @@ def find_job_run(client: Any, experiment: str, job_id: str) -> Optional[Any]:
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
-    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{job_id}'",
+    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`{JOB_TAG}` = {filter_value(job_id, 'JOB')}",
                               order_by=["attributes.start_time ASC"], max_results=1)
     return runs[0] if runs else None
 
@@ -353,7 +376,8 @@ def record_stop(client: Any, parent_run_id: str, stop: dict[str, Any]) -> int:
     (who, when, which job) is tagged on the parent. Returns how many runs were ended."""
     run = client.get_run(parent_run_id)
     children = client.search_runs([run.info.experiment_id],
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=5000)
+                                  filter_string=f"tags.`mlflow.parentRunId` = {filter_value(parent_run_id, 'run id')}",
+                                  max_results=5000)
     client.set_tag(parent_run_id, STOP_TAG, json.dumps(stop))
     ended = 0
     for child in children:

@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 # Modules whose docstrings carry runnable examples (each example runs in well under 2 s).
-MODULES = ("predictors.predictor", "predictors.controls", "predictors.fit", "hpo.curve_import", "hpo.tables", "hpo.scheduler")
+MODULES = ("predictors.predictor", "predictors.controls", "predictors.fit", "hpo.curve_import", "hpo.tables", "hpo.scheduler",
+           "hpo.output_lock", "hpo.tracking")
 
 
 @pytest.mark.parametrize("name", MODULES)

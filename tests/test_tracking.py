@@ -99,3 +99,35 @@ def test_published_decisions_and_early_answer_read_back_from_the_store_alone(tmp
     published = read_published(tracker.client, tracker.client.get_run(run.info.run_id))
     assert published["early_answer"] == answer
     assert find_job_run(tracker.client, "t", "job-2") is None
+
+
+def test_ids_in_mlflow_filters_are_checked_never_spliced() -> None:
+    # A quote in a Ray job id used to be spliced into the filter string: `hpo status` crashed,
+    # and a crafted id could select another job's runs. A plain id is quoted; anything else is
+    # refused as input, naming the field.
+    from hpo.errors import InputError
+    from hpo.tracking import find_job_run, record_stop
+
+    class Client:
+        def __init__(self) -> None:
+            self.filters: list[str] = []
+
+        def get_experiment_by_name(self, name):
+            return type("E", (), {"experiment_id": "1"})()
+
+        def get_run(self, run_id):
+            return type("R", (), {"info": type("I", (), {"experiment_id": "1"})()})()
+
+        def search_runs(self, ids, filter_string, **kwargs):
+            self.filters.append(filter_string)
+            return []
+
+    client = Client()
+    assert find_job_run(client, "x", "raysubmit_8Gk2-1") is None
+    assert client.filters == ["tags.`collapse_hpo.job_id` = 'raysubmit_8Gk2-1'"]
+    for bad in ("a' or tags.x = 'b", "x'", "", "a b", "'"):
+        with pytest.raises(InputError, match="JOB: .* is not a valid id"):
+            find_job_run(client, "x", bad)
+    with pytest.raises(InputError, match="run id"):
+        record_stop(client, "abc' or '1'='1", {})
+    assert len(client.filters) == 1  # nothing reached the store
