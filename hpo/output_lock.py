@@ -20,8 +20,8 @@ Example:
     ...         with hold_folder(folder, "hpo resume"):
     ...             pass
     ...     except FolderBusyError as exc:
-    ...         print(str(exc).split(":")[-1].split("(")[0].strip())
-    in use by hpo sweep
+    ...         print("in use by hpo sweep" in str(exc))
+    True
 """
 
 from __future__ import annotations
