@@ -30,7 +30,8 @@ import yaml
 from hpo.output_lock import hold_folder
 from hpo.overrides import ConfigError, read_yaml
 from hpo.sweep_config import SweepConfig, load_sweep_config
-from hpo.tracking_uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
+from hpo.tracking_uri import (TrackingUriError, check_tracking_uri, is_relative_sqlite, strip_credentials,
+                              use_credentials)
 from predictors.io import atomic_write_bytes, atomic_write_text
 
 STATE_FILE = "scheduler_state.json"
@@ -146,11 +147,29 @@ def check_predictor(path: Path, field: str = "predictor") -> None:
 
 
 def _check_tracking(config: SweepConfig) -> None:
-    if config.mlflow.tracking_uri:
+    uri = config.mlflow.tracking_uri
+    if uri:
         try:
-            check_tracking_uri(config.mlflow.tracking_uri, "mlflow.tracking_uri")
+            check_tracking_uri(uri, "mlflow.tracking_uri")
         except TrackingUriError as exc:
             raise ConfigError(str(exc)) from None
+        if is_relative_sqlite(uri):
+            # sweep.yaml keeps the URI as given: `hpo resume` (or Ray's workers) run from another
+            # directory would open another database.
+            raise ConfigError(f"mlflow.tracking_uri: {strip_credentials(uri)}: a relative database path depends "
+                              "on the directory each command runs from; give an absolute one, "
+                              "sqlite:////ABSOLUTE/PATH.db (or leave the URI out: the sweep's own store "
+                              "in its output folder)")
+
+
+def artifact_location(config: SweepConfig, output: Path) -> Optional[str]:
+    """Where a new MLflow experiment of the sweep keeps its artifacts: the output folder,
+    unless a tracking server decides. MLflow's default for a store the client opens itself
+    (SQLite, a database) is ./mlruns in whatever directory the driver runs from."""
+    uri = config.mlflow.tracking_uri or ""
+    if uri.lower().startswith(("http://", "https://", "databricks", "uc:")):
+        return None
+    return (output / "mlartifacts").as_uri()
 
 
 def _check_creatable(output: Path) -> None:
@@ -348,7 +367,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         _relocate(config, output, created_in or output)
     else:
         prepare_output(config)
-    artifacts = None if config.mlflow.tracking_uri else (output / "mlartifacts").as_uri()
+    artifacts = artifact_location(config, output)
     tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
                            artifact_location=artifacts)
     params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,

@@ -9,8 +9,8 @@ a bad URI before anything is imported, started or written.
 * :func:`use_credentials` moves the user part of an ``http(s)`` URI into MLflow's own
   ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` variables of this process, so
   the client still authenticates while only the stripped URI is kept anywhere.
-* :func:`check_tracking_uri` refuses an unknown scheme, a SQLite or file store in a missing
-  directory, and an HTTP server that does not answer within a few seconds, each with one line
+* :func:`check_tracking_uri` refuses an unknown scheme, an in-memory SQLite store, a file
+  store (MLflow 3 refuses them when first used), a SQLite database in a missing directory, and an HTTP server that does not answer within a few seconds, each with one line
   naming the field; and a server that answers ``/health`` but refuses the API (403: the
   Host-header check of recent MLflow servers, or a user without access), naming the server and the fix.
 """
@@ -18,6 +18,7 @@ a bad URI before anything is imported, started or written.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import socket
@@ -113,13 +114,55 @@ def check_tracking_uri(uri: str, field: str = "mlflow.tracking_uri", *, must_exi
             "file:///DIR, a directory, http(s)://HOST:PORT or a database URI")
     if scheme == "sqlite":
         path = sqlite_path(uri)
-        if path is not None:
-            _check_local(path, field, shown, what="database", must_exist=must_exist)
+        if path is None:
+            # MLflow would keep nothing past the command, and write ./mlruns and a file named
+            # ':memory:' into the working directory.
+            raise TrackingUriError(f"{field}: {shown}: an in-memory MLflow store keeps nothing; "
+                                   "give a database file, sqlite:////ABSOLUTE/PATH.db")
+        _check_local(path, field, shown, what="database", must_exist=must_exist)
+        if must_exist:
+            check_mlflow_database(path, field, shown)
     elif scheme in ("", "file"):
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("1", "true", "yes"):
+            # MLflow 3 refuses its file store (maintenance mode) when first used: after Ray started.
+            raise TrackingUriError(
+                f"{field}: {shown}: MLflow 3 no longer serves file stores (a directory or file://); use a "
+                "database, sqlite:////ABSOLUTE/PATH.db (`mlflow migrate-filestore` moves an existing store), "
+                "or set MLFLOW_ALLOW_FILE_STORE=true")
         local = Path(urllib.parse.urlsplit(uri).path if scheme == "file" else uri)
         _check_local(local, field, shown, what="store", must_exist=must_exist, directory=True)
     elif scheme in ("http", "https"):
         _check_http(uri, field, shown, timeout_s)
+
+
+#: Tables every MLflow SQLite store has (MLflow creates ~70 in any database it opens).
+MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs", "metrics", "params", "tags"})
+
+
+def check_mlflow_database(path: Path, field: str, shown: str) -> None:
+    """Refuse a SQLite file that is not an MLflow store (read-only look: MLflow itself would
+    add its ~70 tables to any database it is pointed at)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        raise TrackingUriError(f"{field}: {shown}: {path} is not an SQLite database ({exc})") from None
+    missing = MLFLOW_TABLES - tables
+    if missing:
+        raise TrackingUriError(f"{field}: {shown}: {path} is not an MLflow store (no table "
+                               f"{', '.join(sorted(missing))}); nothing was changed in it")
+
+
+def is_relative_sqlite(uri: str) -> bool:
+    """A ``sqlite:`` URI whose database path is relative (to the working directory of
+    whichever process opens it)."""
+    if _scheme(uri) != "sqlite":
+        return False
+    rest = uri[len("sqlite:"):]
+    path = rest[3:] if rest.startswith("///") else rest[2:] if rest.startswith("//") else rest
+    return not path.split("?", 1)[0].startswith("/")
 
 
 def _check_local(path: Path, field: str, shown: str, *, what: str, must_exist: bool,

@@ -67,6 +67,13 @@ def _only_sweep_yaml(d: Path) -> None:
     (d / "old" / "sweep.yaml").write_text(yaml.safe_dump(config))
 
 
+def _other_database(d: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(d / "other.db") as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+
+
 @dataclass(frozen=True)
 class Case:
     """One bad input: the ``hpo`` arguments, how to create its input files, and the words the
@@ -118,6 +125,18 @@ CASES: list[Case] = [
     Case("sqlite_missing_directory", "a `sqlite:` URI into a missing directory", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"mlflow.tracking_uri": "sqlite:///nodir/sub/m.db"})),
          ("mlflow.tracking_uri", "does not exist")),
+    Case("tracking_in_memory", "tracking URI `sqlite:///:memory:`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"mlflow.tracking_uri": "sqlite:///:memory:"})), ("mlflow.tracking_uri", "in-memory")),
+    Case("tracking_relative_sqlite", "a relative custom SQLite tracking URI", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"mlflow.tracking_uri": "sqlite:///m.db"})), ("mlflow.tracking_uri", "relative")),
+    Case("tracking_file_uri", "a `file://` tracking store (MLflow 3 refuses it once used)", ["sweep", "s.yaml"],
+         lambda d: _yaml(sweep_config(**{"mlflow.tracking_uri": (d / "store").as_uri()}))(d),
+         ("mlflow.tracking_uri", "file stores")),
+    Case("tracking_plain_directory", "a plain-directory tracking store", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"mlflow.tracking_uri": "store"})), ("mlflow.tracking_uri", "file stores")),
+    Case("from_mlflow_not_mlflow_db", "`--from-mlflow` on an SQLite file that is not an MLflow store",
+         ["calibrate", "--from-mlflow", "1", "--tracking-uri", "sqlite:///other.db"], _other_database,
+         ("--tracking-uri", "not an MLflow store")),
     Case("resume_only_sweep_yaml", "`hpo resume` on a directory holding only `sweep.yaml`", ["resume", "old"],
          _only_sweep_yaml, ("nothing to resume",)),
     Case("from_mlflow_no_store", "`--from-mlflow` with a bad id (no store given)", ["calibrate", "--from-mlflow", "42"],

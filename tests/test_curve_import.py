@@ -255,3 +255,21 @@ def test_no_weight_decay_is_tau_infinity():
     assert taus[str(first)] == np.inf and all(np.isfinite(t) for r, t in taus.items() if r != str(first))
     direct = _load(frame.drop(columns=["eta", "weight_decay"]).assign(tau=np.inf))
     assert {c.controls.tau for c in direct.curves} == {np.inf}
+
+
+def test_from_mlflow_leaves_a_database_that_is_not_an_mlflow_store_untouched(tmp_path) -> None:
+    # MLflow would add its ~70 tables to any SQLite file it is pointed at.
+    import sqlite3
+
+    from hpo.curve_import import CurveImportError, load_mlflow_curves
+
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+    with pytest.raises(CurveImportError, match="not an MLflow store"):
+        load_mlflow_curves("1", tracking_uri=f"sqlite:///{path}")
+    with sqlite3.connect(path) as db:
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["notes"]
+    (tmp_path / "junk.db").write_bytes(b"not a database at all" * 10)
+    with pytest.raises(CurveImportError, match="not an SQLite database"):
+        load_mlflow_curves("1", tracking_uri=f"sqlite:///{tmp_path / 'junk.db'}")

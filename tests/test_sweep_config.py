@@ -125,3 +125,18 @@ def test_tolerance_defaults_to_the_seed_noise_and_is_in_loss_units() -> None:
     assert load_sweep_config(data=BASE).scheduler.tolerance is None
     assert load_sweep_config(data=BASE, overrides=("scheduler.tolerance=0.01",)).scheduler.tolerance == 0.01
     assert "scheduler.tolerance" in _error(BASE, "scheduler.tolerance=-0.1")
+
+
+def test_a_sweeps_artifacts_stay_in_its_output_folder(tmp_path) -> None:
+    # With a custom SQLite (or database) store MLflow's default artifact root is ./mlruns in
+    # the driver's working directory; the sweep points new experiments at its own folder.
+    from bad_input_cases import sweep_config
+    from hpo.sweep import artifact_location
+    from hpo.sweep_config import load_sweep_config
+
+    for uri, expected in ((None, True), (f"sqlite:///{tmp_path}/m.db", True),
+                          ("postgresql://db/mlflow", True), ("http://127.0.0.1:5000", False)):
+        changes = {"mlflow.tracking_uri": uri} if uri else {}
+        config = load_sweep_config(data=sweep_config(output_dir=str(tmp_path / "out"), **changes), source="s.yaml")
+        where = artifact_location(config, tmp_path / "out")
+        assert (where == (tmp_path / "out" / "mlartifacts").as_uri()) if expected else where is None, uri
