@@ -79,6 +79,27 @@ D_HEAD = 32
 # µP base shape of the benchmark: every size is away from it, so all factors are live.
 BASE_D_MODEL, BASE_N_LAYERS = 32, 1
 IMPLEMENTATIONS = ("trainer", "trainer-sp", "plain", "plain+features", "torch-encoder")
+# --device cuda: issue 27's shapes (d_model, n_layers, T), d_head 64, 32 sequences per step,
+# bf16 autocast; the plain GPT (nanoGPT-style, written here) is the reference.
+GPU_SIZES: dict[str, tuple[int, int, int]] = {
+    "25M": (512, 8, 1024), "85M": (768, 12, 1024), "200M": (1024, 16, 1024), "85M-T2048": (768, 12, 2048),
+}
+GPU_IMPLEMENTATIONS = ("trainer", "plain")
+GPU_SEQUENCES = 32
+DEVICE = "cpu"  # set per worker process by use_device()
+COMPILE = False  # --device cuda --compile-models: both sides through torch.compile
+
+
+def use_device(device: str, size: str, compiled: bool = False) -> tuple[int, int]:
+    """Point this (worker) process's shapes at ``device``: the CPU sizes at T 128 as before, or
+    a GPU size with its T, d_head 64 and a base shape of one 64-wide head. Returns (d, L)."""
+    global SEQ_LEN, BATCH_TOKENS, D_HEAD, BASE_D_MODEL, DEVICE, COMPILE
+    DEVICE, COMPILE = device, compiled
+    if device == "cpu":
+        return SIZES[size]
+    d_model, n_layers, SEQ_LEN = GPU_SIZES[size]
+    D_HEAD, BASE_D_MODEL, BATCH_TOKENS = 64, 64, GPU_SEQUENCES * SEQ_LEN
+    return d_model, n_layers
 ROUND_SECONDS = 1.0  # time per implementation per round
 
 Step = Callable[[], Any]
@@ -90,13 +111,16 @@ def flop_per_token(n_params: int, d_model: int, n_layers: int, seq_len: int = SE
 
 def matmul_peak(seconds_per_size: float = 0.4, clock: Callable[[], float] = time.perf_counter) -> float:
     """This CPU's fp32 matmul rate in FLOP/s at the current thread count: the best
-    ``torch.mm`` rate over square sizes 256-2048 (the peak that GEMMs here can reach)."""
+    ``torch.mm`` rate over square sizes 256-2048 (the peak that GEMMs here can reach).
+    On CUDA: the bf16 rate over sizes 2048-8192 (``clock`` synchronises)."""
     import torch
 
     best = 0.0
-    for n in (256, 512, 1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        out = torch.empty(n, n)
+    cuda = DEVICE == "cuda"
+    for n in ((2048, 4096, 8192) if cuda else (256, 512, 1024, 2048)):
+        kwargs: dict[str, Any] = {"device": "cuda", "dtype": torch.bfloat16} if cuda else {}
+        a, b = torch.randn(n, n, **kwargs), torch.randn(n, n, **kwargs)
+        out = torch.empty(n, n, **kwargs)
         torch.mm(a, b, out=out)  # warmup
         count, start = 0, clock()
         while (elapsed := clock() - start) < seconds_per_size:
@@ -124,7 +148,7 @@ def _train_config(parameterization: str, d_model: int, n_layers: int, threads: i
         "tau": 0.3,
         "log_every": 2,
         "threads": threads,
-        "device": "cpu",
+        "device": DEVICE,
         **extra,
     }
 
@@ -208,6 +232,7 @@ def _plain_gpt(d_model: int, n_layers: int, features: frozenset[str]) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(256, d_model)
+            # nanoGPT's learned absolute positions.
             self.pos = None if alibi else nn.Embedding(SEQ_LEN, d_model)
             self.blocks = nn.ModuleList(Block() for _ in range(n_layers))
             self.ln_f = norm()
@@ -280,15 +305,26 @@ def _torch_encoder(d_model: int, n_layers: int) -> Any:
 
 
 def _loop(model: Any, groups: list[dict[str, Any]]) -> Step:
-    """A bare training step: sample, forward, backward, fused AdamW, zero_grad."""
+    """A bare training step: sample, copy, forward, backward, fused AdamW, zero_grad (on CUDA
+    under bf16 autocast, the batch copied from pinned memory, as the trainer does)."""
+    import contextlib
+
     import torch
 
+    model.to(DEVICE)
     optimizer = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), fused=True)
     sampler = _sampler()
+    cuda = DEVICE == "cuda"
+    forward = torch.compile(model) if COMPILE else model
 
     def step() -> None:
         inputs, targets = sampler.sample(BATCH_TOKENS // SEQ_LEN)
-        model(inputs, targets).backward()
+        if cuda:
+            inputs = inputs.pin_memory().to(DEVICE, non_blocking=True)
+            targets = targets.pin_memory().to(DEVICE, non_blocking=True)
+        with torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext():
+            loss = forward(inputs, targets)
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -322,7 +358,8 @@ def build(implementation: str, d_model: int, n_layers: int, threads: int, baseli
 
         # Eager: these runs are long enough that compile "auto" would switch it on (--compile measures that).
         parameterization = "sp" if implementation == "trainer-sp" else "completep"
-        trainer = Trainer(_train_config(parameterization, d_model, n_layers, threads, compile=False))
+        trainer = Trainer(_train_config(parameterization, d_model, n_layers, threads, compile=COMPILE),
+                          warn_repeats=False)  # a long nominal run, never trained to its end
         # _train_step is the whole hot loop (schedule, sampling, forward, backward, AdamW);
         # train_interval only adds one float conversion per log interval.
         return trainer._train_step, trainer.controls.n_params
@@ -364,7 +401,7 @@ def alternate(
 
 def measure(
     size: str, threads: int, seconds: float, implementations: tuple[str, ...], cpu_clock: bool = False,
-    baseline: str | None = None,
+    baseline: str | None = None, device: str = "cpu", compiled: bool = False,
 ) -> dict[str, Any]:
     """Worker (one process per size): tokens/s per round of each implementation, N, peak."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -372,8 +409,14 @@ def measure(
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    d_model, n_layers = SIZES[size]
+    d_model, n_layers = use_device(device, size, compiled)
     clock = time.thread_time if cpu_clock else time.perf_counter
+    if device == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+        def clock() -> float:  # a round ends when the GPU has done its queued work
+            torch.cuda.synchronize()
+            return time.perf_counter()
     peak_before = matmul_peak(clock=clock)
     built = {name: build(name, d_model, n_layers, threads, baseline) for name in implementations}
     torch.set_num_threads(threads)  # a Trainer sets it too; make sure every loop gets the same
@@ -381,6 +424,8 @@ def measure(
     peak_after = matmul_peak(clock=clock)
     return {
         "size": size,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "shape": [d_model, n_layers, SEQ_LEN, BATCH_TOKENS],
         "threads": threads,
         "clock": "thread CPU time" if cpu_clock else "wall",
         "n_params": {name: n for name, (_, n) in built.items()},
@@ -403,7 +448,7 @@ def throughput_tables(results: list[dict[str, Any]]) -> str:
 
     rows = []
     for result in results:
-        d_model, n_layers = SIZES[result["size"]]
+        d_model, n_layers, seq_len, _ = result.get("shape") or (*SIZES[result["size"]], SEQ_LEN, BATCH_TOKENS)
         rates = result["rates"]
 
         def ratio(name: str, reference: str) -> str:
@@ -413,7 +458,7 @@ def throughput_tables(results: list[dict[str, Any]]) -> str:
 
         for name, tokens_per_s in result["tokens_per_s"].items():
             n_params = result["n_params"][name]
-            flops = flop_per_token(n_params, d_model, n_layers) * tokens_per_s
+            flops = flop_per_token(n_params, d_model, n_layers, seq_len) * tokens_per_s
             rows.append([
                 result["size"], f"{n_params:,}", name, f"{tokens_per_s:,.0f}", ratio(name, "plain"),
                 ratio(name, "torch-encoder"), f"{flops / 1e9:.1f}", f"{flops / result['peak_flops']:.1%}",
@@ -622,7 +667,32 @@ def main() -> None:
     parser.add_argument("--curves", metavar="OUT.json", help="record the ladder curves (with --root's trainer)")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="checkout whose trainer --curves runs")
     parser.add_argument("--compare-curves", nargs=2, metavar=("BEFORE.json", "AFTER.json"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help=f"cuda: sizes {list(GPU_SIZES)}, trainer vs the plain GPT, bf16 (needs a CUDA GPU)")
+    parser.add_argument("--compile-models", action="store_true",
+                        help="with --device cuda: both the trainer and the plain GPT through torch.compile")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: --device cuda: torch sees no CUDA device on this machine", file=sys.stderr)
+            sys.exit(2)
+        sizes = args.sizes.split(",") if args.sizes != ",".join(SIZES) else list(GPU_SIZES)
+        unknown = [s for s in sizes if s not in GPU_SIZES]
+        if unknown:
+            parser.error(f"--sizes: {unknown} are not GPU sizes {list(GPU_SIZES)}")
+        implementations = tuple(args.implementations.split(",")) if args.implementations != ",".join(IMPLEMENTATIONS) \
+            else GPU_IMPLEMENTATIONS
+        print(f"cuda, bf16 autocast, {GPU_SEQUENCES} sequences/step, d_head 64, compiled: {args.compile_models}, "
+              f"{args.seconds:g} s per implementation", flush=True)
+        results = [_in_process(measure, size, args.threads, args.seconds, implementations, False, None, "cuda",
+                               args.compile_models) for size in sizes]
+        print(f"device: {results[0]['device']}; MFU = GFLOP/s over the measured bf16 matmul peak\n")
+        print(throughput_tables(results).replace("of fp32 peak", "MFU").replace("fp32 matmul peak", "bf16 matmul peak"))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        return
     if args.cpu_clock and args.threads != 1:
         parser.error("--cpu-clock measures one thread's CPU time: use it with --threads 1")
     if args.curves:
