@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from pydantic import ValidationError
 
 from hpo.data import sweep_config_path
-from hpo.errors import InputError
+from hpo.errors import InputError, input_error_behind
 from hpo.overrides import ConfigError, apply_overrides, check_safe_name, format_validation_error, read_yaml
 from hpo.tracking_uri import INVALID_HOST, host_rejected_message, strip_credentials
 
@@ -442,6 +442,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {strip_credentials(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a bug or an outside failure: the traceback, without passwords
+        error = input_error_behind(exc)
+        if error is not None:  # raised in Ray Tune's loop (a report-contract error), wrapped by Ray
+            if not getattr(error, "announced", False):
+                print(f"error: {strip_credentials(str(error))}", file=sys.stderr)
+            return 2
         if INVALID_HOST in str(exc):  # a server refusing our Host header after the up-front check
             print(f"error: {host_rejected_message('MLflow', _tracking_uri_in_use(args))}", file=sys.stderr)
             return 2

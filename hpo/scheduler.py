@@ -53,7 +53,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo import rules
-from hpo.errors import InputError
+from hpo.errors import InputError, announce, exit_2_on_uncaught
 from hpo.scheduler_state import (HALTED_STATUSES, HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord,
                                  history_path, utc_now)
 from predictors.controls import Controls
@@ -589,8 +589,13 @@ class CollapseScheduler(FIFOScheduler):
     def _guard(self, fn: Callable[..., Any], default: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except SchedulerContractError:
-            raise  # a broken report contract must stop the sweep with its message
+        except SchedulerContractError as exc:
+            # A broken report contract must stop the sweep with its message. Ray wraps it in a
+            # TuneError of ~90 lines with the message at the bottom: say it first, in one line,
+            # and let an uncaught one end the user's script with exit status 2.
+            announce(exc)
+            exit_2_on_uncaught()
+            raise
         except Exception:  # noqa: BLE001 - otherwise the scheduler never raises into Tune's loop
             logger.exception("CollapseScheduler: internal error in %s", getattr(fn, "__name__", fn))
             if self._strict:

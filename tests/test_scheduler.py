@@ -941,6 +941,44 @@ def test_missing_controls_are_errors_and_a_missing_schedule_is_said_once(caplog)
         s.on_trial_result(ctl, c, make_result(1.0, 0.5, 0.05, schedule="cosin"))
 
 
+# Asserts: a contract error raised in Tune's loop, which Ray wraps in a TuneError of ~90 lines
+# with the message at the bottom, is said first in one line, and an uncaught one ends the user's
+# own script with exit status 2 and no traceback; any other uncaught error keeps its traceback.
+def test_a_contract_error_in_a_users_script_is_one_line_first_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    script = f"""
+import sys, traceback
+sys.path.insert(0, {str(tests)!r})
+from ray.tune.error import TuneError
+from test_scheduler import FakeController, make_result, sched, stub
+s = sched()
+a = stub("a", final=1.0)
+ctl = FakeController(s, [a])
+ctl.start(a)
+print("made it to the first result", file=sys.stderr, flush=True)
+try:
+    s.on_trial_result(ctl, a, {{k: v for k, v in make_result(1.0, 0.5, 0.05).items() if k != "tau"}})
+except Exception:
+    if sys.argv[1] == "other":
+        raise RuntimeError("an unrelated failure")
+    raise TuneError(traceback.format_exc())  # what Ray's TuneController._on_result does
+"""
+    (tmp_path / "mine.py").write_text(script)
+    for case in ("contract", "other"):
+        run = subprocess.run([sys.executable, str(tmp_path / "mine.py"), case], capture_output=True, text=True,
+                             timeout=300)
+        lines = run.stderr.split("made it to the first result\n", 1)[1].strip().splitlines()
+        assert lines[0].startswith("error: CollapseScheduler: trial a: neither its result nor its config has 'tau'")
+        if case == "contract":
+            assert run.returncode == 2 and len(lines) == 1, run.stderr[-3000:]
+        else:
+            assert run.returncode == 1 and "RuntimeError: an unrelated failure" in lines[-1], run.stderr[-3000:]
+
+
 # Asserts: controls missing from the results are read from the trial's config; a trial whose
 # first report is its last (t̂ = 1) is never paused (it would run twice).
 def test_controls_from_config_and_no_pause_at_the_end():
