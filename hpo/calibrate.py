@@ -89,8 +89,9 @@ class CalibrationConfig(BaseModel):
     # sweep as far off the calibrated scale gets (issue 25). Their curves never enter the fit.
     ranking_banks: list[str] = Field(default_factory=list)
     # None: bank the curves only, fit and write nothing (held-out studies such as transfer).
-    # Under runs/ by default, never a tracked file unless asked ({name}: the calibration's name).
-    predictor_out: Optional[str] = "runs/calibration/{name}/predictor.json"
+    # Beside its calibration report by default ({output_dir}: the report folder, default
+    # runs/calibration/<name>; {name}: the calibration's name): never a tracked file unless asked.
+    predictor_out: Optional[str] = "{output_dir}/predictor.json"
     output_dir: Optional[str] = None
     fit: FitSettings = Field(default_factory=FitSettings)
     cpus_per_run: float = 1.0
@@ -198,7 +199,7 @@ def _output(config: CalibrationConfig) -> Path:
 
 def _predictor_out(config: CalibrationConfig) -> Path:
     assert config.predictor_out is not None
-    return _resolve(config.predictor_out.replace("{name}", config.name))
+    return _resolve(config.predictor_out.replace("{output_dir}", str(_output(config))).replace("{name}", config.name))
 
 
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
@@ -773,9 +774,9 @@ def user_curves_config(label: str, config_path: Optional[str] = None,
     """The calibration settings for a user's own curves: ``config_path``'s (its name, fit,
     predictor_out, output_dir, MLflow experiment; its grid is ignored) or, without one, a
     calibration named ``label`` fitted as the shipped predictor is (t̂ ∈ [0.05, 1], m fitted)
-    writing ``runs/calibration/<label>/predictor.json``."""
-    raw = read_yaml(config_path) if config_path else {
-        "name": label, "fit": {"t_min": 0.05}, "predictor_out": f"runs/calibration/{label}/predictor.json"}
+    writing its predictor beside its report (``<output_dir>/predictor.json``, default
+    ``runs/calibration/<label>/``)."""
+    raw = read_yaml(config_path) if config_path else {"name": label, "fit": {"t_min": 0.05}}
     raw = apply_overrides(raw, overrides)
     try:
         return CalibrationConfig.model_validate(raw)

@@ -388,8 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--smoothing-fraction", type=float, default=0.0,
                            help="smooth imported losses over this fraction of each run's tokens (default 0: "
                                 "already smoothed)")
-    calibrate.add_argument("--predictor-out", help="predictor JSON to write (default "
-                           "runs/calibration/<name>/predictor.json; give the shipped file's path to replace it)")
+    calibrate.add_argument("--predictor-out", help="predictor JSON to write (default: predictor.json "
+                           "in the report directory; give the shipped file's path to replace it)")
     calibrate.add_argument("--output-dir", help="report directory (default runs/calibration/<name>)")
     calibrate.set_defaults(func=_cmd_calibrate)
 

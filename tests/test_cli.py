@@ -138,6 +138,24 @@ def test_calibrate_from_curves_writes_a_predictor_and_report(tmp_path: Path, cap
     assert "±2σ coverage, leave-one-TPP-out" in capsys.readouterr().out
 
 
+def test_calibrate_output_dir_holds_the_predictor_unless_predictor_out_says_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The predictor belongs with its report: `--output-dir D` alone puts it in D (it went to
+    # runs/calibration/<name>/ before); --predictor-out still wins.
+    monkeypatch.chdir(tmp_path)  # anything written to the old default would land under here
+    fast = ["--set", "fit.compare_fixed_m=false", "--set", "fit.held_out_error=false",
+            "--set", "fit.ranking_error=false"]
+    out = tmp_path / "mine"
+    assert main(["calibrate", "--from-curves", str(EXAMPLE_CURVES), "--output-dir", str(out), *fast]) == 0
+    assert (out / "predictor.json").exists() and (out / "calibration.md").exists()
+    assert not (tmp_path / "runs").exists()
+    assert str(out / "predictor.json") in capsys.readouterr().out
+    elsewhere = tmp_path / "elsewhere.json"
+    assert main(["calibrate", "--from-curves", str(EXAMPLE_CURVES), "--output-dir", str(tmp_path / "two"),
+                 "--predictor-out", str(elsewhere), *fast]) == 0
+    assert elsewhere.exists() and not (tmp_path / "two" / "predictor.json").exists()
+
+
 def test_calibrate_from_curves_missing_column_exits_2_and_writes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import pandas as pd
