@@ -91,6 +91,10 @@ class Report:
             ``regret_pct``, ``n_candidates``), recomputed from truncated histories.
         compute_fraction_if_stopped: audit sweeps: the compute the sweep would have used had
             it stopped trials where audit mode says it would have (``would_stop_at``).
+        best_at_rungs: when the true best is known (audit sweeps): per rung, what the rung did
+            to it, one dict each (``rung_fraction``, ``trial_id``, ``verdict``: ``kept``,
+            ``would stop`` / ``stopped`` (here), ``out`` (at an earlier rung), ``not decided``,
+            ``not reached``; ``reason``: the rung's words for it).
         status_counts: trials by status.
         compute_weighted: True when compute is weighted by N·D, False for equal weights.
     """
@@ -106,6 +110,7 @@ class Report:
     best_final_loss: Optional[float] = None
     regret_curve: list[dict[str, Any]] = field(default_factory=list)
     compute_fraction_if_stopped: Optional[float] = None
+    best_at_rungs: list[dict[str, Any]] = field(default_factory=list)
     status_counts: dict[str, int] = field(default_factory=dict)
     compute_weighted: bool = False
 
@@ -310,6 +315,7 @@ class Analysis:
 
         rep.early_answer = self._early_answer()
         rep.regret_curve = self.regret_curve()
+        rep.best_at_rungs = self.best_at_rungs()
         notes.extend(self.regret_notes())
         return rep
 
@@ -401,6 +407,33 @@ class Analysis:
             return None, None, "n/a: final of pick unknown"
         regret = final - rep.best_final_loss
         return regret, 100.0 * regret / rep.best_final_loss, "true regret"
+
+    def best_at_rungs(self) -> list[dict[str, Any]]:
+        """Per rung, whether the true best trial was kept or (would have been) stopped there.
+        Known only when every trial's final loss is (audit sweeps); a trial stopped at one rung
+        never enters the next (in audit mode neither: it would not have been there)."""
+        rep = self.report
+        if not rep.regret_is_true or rep.best_trial is None:
+            return []
+        out: list[dict[str, Any]] = []
+        out_at: Optional[float] = None
+        for rung in self.state.rungs:
+            entry = rung.entries.get(rep.best_trial)
+            if out_at is not None:
+                verdict = "out"
+            elif entry is None or entry.decision == "removed":
+                verdict = "not reached"
+            elif entry.decision in ("would_stop", "stop", "completed"):
+                # "completed": the keep rule dropped a trial that had already finished.
+                verdict = "stopped" if entry.decision == "stop" else "would stop"
+                out_at = rung.fraction
+            elif entry.decision in ("would_keep", "continue", "keep"):
+                verdict = "kept"
+            else:
+                verdict = "not decided"
+            out.append({"rung_fraction": rung.fraction, "trial_id": rep.best_trial, "verdict": verdict,
+                        "out_at": out_at, "reason": entry.reason if entry is not None else ""})
+        return out
 
     # ------------------------------------------------------- regret vs stop s
     def regret_curve(self) -> list[dict[str, Any]]:

@@ -137,14 +137,27 @@ def render_markdown(report: Report, analysis: Optional[Analysis] = None) -> str:
     lines.append(f"- Compute used against a full sweep (every trial to t̂ = 1): "
                  f"**{_fmt_pct(report.compute_fraction)}** (Σ t̂_i·N_i·D_i / Σ N_i·D_i, {weights}).")
     if report.compute_fraction_if_stopped is not None:
-        lines.append(f"- Audit mode: had trials been stopped where the scheduler would have stopped them, "
-                     f"the sweep would have used {_fmt_pct(report.compute_fraction_if_stopped)}.")
+        lines.append(f"- Audit mode stops nothing, so every trial ran as far as it got: the figure above is the "
+                     f"audit's own cost. Had each trial been stopped at the rung where the scheduler would have "
+                     f"stopped it (`would_stop_at` in scheduler_state.json), the sweep would have used "
+                     f"**{_fmt_pct(report.compute_fraction_if_stopped)}** (Σ min(t̂_i, stop_i)·N_i·D_i / Σ N_i·D_i): "
+                     "the compute early stopping would have saved, at the regret the rung table shows.")
     if state:
         for rung in state.rungs:
             if rung.decided and rung.compute_fraction is not None:
                 lines.append(f"- Rung {rung.fraction:g} decided at {_fmt_pct(rung.compute_fraction)} of the full sweep.")
     lines.append("")
 
+    if report.best_at_rungs:
+        best = report.best_at_rungs[0]["trial_id"]
+        lines += ["## Was the true best kept?", ""]
+        lines.append(f"The true best is trial {best}" + (f" ({_md(analysis.label(best))})" if analysis else "")
+                     + f", final loss {_fmt(report.best_final_loss)}. At each rung:")
+        lines.append("")
+        lines.append(markdown_table(["rung t̂", "the true best", "why"],
+                                    [[f"{b['rung_fraction']:g}", _best_words(b, mode), _md(b["reason"] or "")]
+                                     for b in report.best_at_rungs]))
+        lines.append("")
     lines += ["## Early answer", ""]
     ea = report.early_answer
     if ea:
@@ -206,6 +219,31 @@ def render_markdown(report: Report, analysis: Optional[Analysis] = None) -> str:
     return "\n".join(lines)
 
 
+def _best_words(b: dict[str, Any], mode: str = "audit") -> str:
+    """What a rung did to the true best, in words."""
+    verdict = b["verdict"]
+    if verdict == "would stop":
+        return "**would have been stopped here**" if mode == "audit" else "**dropped here** (had finished)"
+    if verdict == "stopped":
+        return "**stopped here**"
+    if verdict == "out":
+        return f"out since t̂ = {b['out_at']:g}"
+    return verdict
+
+
+def best_at_rungs_line(report: Report) -> Optional[str]:
+    """One line: at which rungs the true best was kept, and where it would have been stopped."""
+    if not report.best_at_rungs:
+        return None
+    kept = [f"{b['rung_fraction']:g}" for b in report.best_at_rungs if b["verdict"] == "kept"]
+    lost = next((b for b in report.best_at_rungs if b["verdict"] in ("would stop", "stopped")), None)
+    line = f"true best {report.best_at_rungs[0]['trial_id']} ({_fmt(report.best_final_loss)}): "
+    line += f"kept at rung{'s' if len(kept) != 1 else ''} t̂ = {', '.join(kept)}" if kept else "kept at no rung"
+    if lost is not None:
+        line += f"; {'would have been ' if lost['verdict'] == 'would stop' else ''}stopped at t̂ = {lost['rung_fraction']:g}"
+    return line
+
+
 def _md(text: str) -> str:
     return (text or "").replace("|", "\\|")
 
@@ -255,8 +293,11 @@ def print_report(report: Report, console: Any = None) -> None:
                                 else "n/a (trials stopped or running; see report.md)"))
     line = f"compute used: {_fmt_pct(report.compute_fraction)} of a full sweep"
     if report.compute_fraction_if_stopped is not None:
-        line += f" (audit; {_fmt_pct(report.compute_fraction_if_stopped)} had it stopped trials)"
-    console.print(line)
+        line += (f" (audit: nothing stopped; stopping where it would have stopped trials: "
+                 f"{_fmt_pct(report.compute_fraction_if_stopped)})")
+    console.print(line, highlight=False)
+    if (best_line := best_at_rungs_line(report)) is not None:
+        console.print(best_line, highlight=False)
     ea = report.early_answer
     if ea:
         console.print(f"early answer: trial {ea.get('trial_id')} at t̂ = {ea.get('rung')}, predicted final "

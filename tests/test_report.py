@@ -136,6 +136,35 @@ def test_audit_picks_and_true_regrets(tmp_path):
     assert rows[(0.1, "predicted_best")]["config"] == f"lr=0.002, τ={TRIALS['t1'][1]:.3g}"
 
 
+def test_audit_report_says_per_rung_whether_the_true_best_was_kept_and_explains_compute(tmp_path, capsys):
+    # An audit that would have stopped the true best (t1) at rung 0.2: the report says, per rung,
+    # kept / would have been stopped / out (it was only in scheduler_state.json's would_stop_at),
+    # and explains the audit's two compute figures.
+    state = make_state(tmp_path)
+    state.rungs[1].entries["t1"].decision = "would_stop"
+    state.rungs[1].entries["t1"].reason = "predicted 2.90 outside the margin"
+    del state.rungs[2].entries["t1"]
+    state.trials["t1"].would_stop_at = 0.2
+    state.trials["t0"].would_stop_at = 0.1
+    state.save(tmp_path / "scheduler_state.json")
+    report = write_report(tmp_path, predictor=StubPredictor(), plots=False)
+    assert [(b["rung_fraction"], b["verdict"]) for b in report.best_at_rungs] == [
+        (0.1, "kept"), (0.2, "would stop"), (0.3, "out")]
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = " ".join(md.split("## Was the true best kept?", 1)[1].split("\n## ", 1)[0].split())
+    assert "trial t1" in section and "| 0.1 | kept |" in section
+    assert "| 0.2 | **would have been stopped here** | predicted 2.90 outside the margin |" in section
+    assert "| 0.3 | out since t̂ = 0.2 |" in section
+    assert "Audit mode stops nothing" in md and "would_stop_at" in md
+    print_report(report)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "true best t1 (2.9000): kept at rung t̂ = 0.1; would have been stopped at t̂ = 0.2" in text
+    assert "(audit: nothing stopped; stopping where it would have stopped trials: " in text
+    # Without audit (stopped trials have no final) the true best is unknown: nothing is claimed.
+    make_state(tmp_path / "sync", mode="sync", upto={"t0": 0.2}, statuses={"t0": "stopped"})
+    assert write_report(tmp_path / "sync", predictor=StubPredictor(), plots=False).best_at_rungs == []
+
+
 def test_diverged_trial_is_never_picked(tmp_path):
     # t4 is logged as best at rungs 0.1/0.2 before it diverged; the report (table and regret curve) never picks it.
     state = make_state(tmp_path)
