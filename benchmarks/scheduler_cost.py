@@ -1,4 +1,4 @@
-"""What CollapseScheduler costs the driver, at 10 / 100 / 1,000 trials, with its state persisted.
+"""What CollapseScheduler costs the driver, at 10 / 100 / 1,000 / 10,000 trials, with its state persisted.
 
 Each trial reports 50 results (t̂ = 0.02 … 1) of a synthetic curve (the shipped predictor's
 ℓ̂ times a final loss, τ drawn per trial); the sweep runs in sync mode with rungs 0.1/0.2/0.3
@@ -11,16 +11,18 @@ sweep`` always does). Every ``on_trial_result`` call is timed:
   the last of which decides the rung, stops the losers (``stop_trial``) and persists once.
 
 Targets (issue 14): a rung round at 1,000 trials < 2 s with state persisted; < 20 µs per call
-between rungs.
+between rungs. Issue 30: at 10,000 trials each rung round < 2 s, the whole simulated sweep
+< 20 s, < 1 GB (peak resident memory of this process, which grows with the largest sweep run).
 
 Run::
 
-    python benchmarks/scheduler_cost.py [--trials 10 100 1000] [--md benchmarks/scheduler_cost.md]
+    python benchmarks/scheduler_cost.py [--trials 10 100 1000 10000] [--md benchmarks/scheduler_cost.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import tempfile
@@ -85,12 +87,13 @@ def measure(n: int, predictor: Predictor) -> dict[str, float]:
     return {"trials": n, "between_median_us": 1e6 * statistics.median(between),
             "between_p99_us": 1e6 * between[int(0.99 * (len(between) - 1))],
             "round_s": rounds, "total_s": total, "state_kb": state_kb,
-            "compute": outcome.compute_fraction(), "calls": len(between) + n * len(RUNGS)}
+            "compute": outcome.compute_fraction(), "calls": len(between) + n * len(RUNGS),
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", nargs="+", type=int, default=[10, 100, 1000])
+    p.add_argument("--trials", nargs="+", type=int, default=[10, 100, 1000, 10000])
     p.add_argument("--predictor", default="hpo/data/predictors/default.json")
     p.add_argument("--md", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
@@ -99,11 +102,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for n in args.trials:
         m = measure(n, predictor)
         rows.append([n, f"{m['between_median_us']:.1f}", f"{m['between_p99_us']:.1f}",
-                     " / ".join(f"{r:.3f}" for r in m["round_s"]), f"{m['total_s']:.2f}", f"{m['state_kb']:.0f}"])
+                     " / ".join(f"{r:.3f}" for r in m["round_s"]), f"{m['total_s']:.2f}", f"{m['state_kb']:.0f}",
+                     f"{m['peak_mb']:.0f}"])
         print(f"{n} trials: between rungs {m['between_median_us']:.1f} µs median, rung rounds "
               f"{' / '.join(f'{r:.3f}' for r in m['round_s'])} s, whole sweep {m['total_s']:.2f} s", flush=True)
     table = markdown_table(["trials", "between rungs, median µs", "p99 µs", "rung round 0.1 / 0.2 / 0.3, s",
-                            "whole simulated sweep, s", "snapshot KB"], rows)
+                            "whole simulated sweep, s", "snapshot KB", "peak RSS so far, MB"], rows)
     print(table)
     if args.md:
         atomic_write_text(args.md, "# CollapseScheduler cost per call (state persisted)\n\n"

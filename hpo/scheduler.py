@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -68,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 DECISION_MODES = ("sync", "async", "audit")
 DEFAULT_MIN_POINTS = rules.DEFAULT_MIN_POINTS
+#: A throttled state write waits at least this many times as long as the last write took.
+PERSIST_SHARE = 20
 _RAY_TO_STATUS = {Trial.PENDING: "pending", Trial.RUNNING: "running", Trial.PAUSED: "paused",
                   Trial.TERMINATED: "completed", Trial.ERROR: "error"}
 _ALIVE = ("pending", "running", "paused")
@@ -92,6 +95,51 @@ def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         out[f"{prefix}{key}"] = value
         out.setdefault(str(key), value)
     return out
+
+
+class _RunQueue:
+    """The trials ``choose_trial_to_run`` may pick, in the controller's list order, without
+    walking the list (at 10,000 trials a walk per call made Tune's loop quadratic).
+
+    Every trial is pushed when it is added (Ray re-adds one it restores or requeues after an
+    error, at the end of its list: the place is renewed), when it pauses and when a rung it
+    waited at is decided; Ray's status and the scheduler's own verdict are read when an entry
+    reaches the top of a heap, so entries are dropped lazily, never trusted. A trial Ray
+    stages to run (PAUSED -> PENDING) is in the PENDING heap as well.
+    """
+
+    def __init__(self) -> None:
+        self.trials: dict[str, Trial] = {}
+        self.place: dict[str, int] = {}
+        self.heaps: dict[str, list[tuple[int, str]]] = {Trial.PENDING: [], Trial.PAUSED: []}
+        self._count = 0
+
+    def add(self, trial: Trial) -> None:
+        self.trials[trial.trial_id] = trial
+        self.place[trial.trial_id] = self._count
+        self._count += 1
+        self.push(trial.trial_id)
+
+    def push(self, trial_id: str) -> None:
+        place = self.place.get(trial_id)
+        if place is not None:
+            for heap in self.heaps.values():
+                heapq.heappush(heap, (place, trial_id))
+
+    def first(self, status: str, may_run: Callable[[Trial], bool]) -> Optional[Trial]:
+        """The first trial (list order) with Ray ``status`` that ``may_run``; entries of trials
+        that are elsewhere or may not run are dropped (they are pushed again when that changes)."""
+        heap = self.heaps[status]
+        while heap:
+            place, tid = heap[0]
+            trial = self.trials.get(tid)
+            if trial is not None and self.place.get(tid) == place and trial.status == status and may_run(trial):
+                return trial
+            heapq.heappop(heap)
+        return None
+
+    def __len__(self) -> int:
+        return len(self.trials)
 
 
 class CollapseScheduler(FIFOScheduler):
@@ -195,12 +243,18 @@ class CollapseScheduler(FIFOScheduler):
         self._persist_interval_s = float(persist_interval_s)
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
         self._last_save = 0.0
+        self._save_s = 0.0  # how long the last write took
         self._strict = False  # tests set True to re-raise internal errors
         self._controls_read: set[str] = set()  # trials whose controls this process has read
         # Per trial, (iterations_since_restore, t̂) of its last result in this process: within one
         # run of a trainable (no restore between) t̂ may never go back.
         self._session: dict[str, tuple[int, float]] = {}
         self._warned: set[str] = set()
+        self._queue = _RunQueue()  # choose_trial_to_run's candidates (not persisted: Ray re-adds)
+        # _rung_ready's walk, per rung: trials before the cursor (creation order) neither
+        # block the rung nor can again without _reopen.
+        self._ids: list[str] = []
+        self._cursor: list[int] = [0] * len(fractions)
         self._history = HistoryLog(history_path(self._state_path)) if self._state_path else None
         self._history_started = False  # a fresh experiment truncates a stale history log once
         self._restored = False  # set by a load: choose_trial_to_run ends trials stopped before it
@@ -276,6 +330,7 @@ class CollapseScheduler(FIFOScheduler):
         self._mode = self._mode or old.get("mode")
         state.settings = self._settings()
         self._state = state
+        self._reindex()
         logger.info("CollapseScheduler: restored %d trials and %d decided rungs from %s",
                     len(state.trials), sum(r.decided for r in state.rungs), path)
 
@@ -284,7 +339,10 @@ class CollapseScheduler(FIFOScheduler):
         if self._state_path is None:
             return
         now = time.monotonic()
-        if not force and now - self._last_save < self._persist_interval_s:
+        # The throttle grows with the cost of a write (a 10,000-trial state takes ~1 s to write):
+        # throttled writes take at most ~1/PERSIST_SHARE of the driver's time, however large
+        # the sweep. Decisions are always written at once (force).
+        if not force and now - self._last_save < max(self._persist_interval_s, self._save_s * PERSIST_SHARE):
             return
         try:
             self._state.settings = self._settings()
@@ -292,7 +350,8 @@ class CollapseScheduler(FIFOScheduler):
                 self._history.flush(start=not self._history_started)
                 self._history_started = True
             self._state.save(self._state_path, with_history=False)
-            self._last_save = now
+            self._last_save = time.monotonic()
+            self._save_s = self._last_save - now
         except Exception:  # noqa: BLE001 - a failed write must not kill the sweep
             logger.exception("CollapseScheduler: could not write %s", self._state_path)
             if self._strict:
@@ -313,6 +372,7 @@ class CollapseScheduler(FIFOScheduler):
         state = SchedulerState.load(Path(checkpoint_path).resolve())
         state.check_compatible(self._settings(), str(checkpoint_path))
         self._state = state
+        self._reindex()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Tuner.restore unpickles the scheduler as built; the file holds what happened since.
@@ -320,11 +380,36 @@ class CollapseScheduler(FIFOScheduler):
         self._deciding = False
         self._controls_read = set()
         self._session = {}
+        self._queue = _RunQueue()  # Trial objects of the pickling process are not this one's
+        self._save_s = 0.0
+        self._reindex()
         if self._state_path is not None:
             self._history = HistoryLog(history_path(self._state_path))
         self._load_existing()
 
     # ------------------------------------------------------------------ helpers
+
+    def _reindex(self) -> None:
+        """Rebuild ``_rung_ready``'s walk for a state loaded from a file."""
+        self._ids = [rec.trial_id for rec in sorted(self._state.trials.values(), key=lambda rec: rec.order)]
+        self._cursor = [0] * len(self._rungs)
+
+    def _reopen(self, trial_id: str) -> None:
+        """The trial may block a rung again (alive again, or an entry of it dropped): move the
+        walks back to it. Costs O(rungs); the walk from there is paid once."""
+        rec = self._state.trials.get(trial_id)
+        if rec is None:
+            return
+        for r, cursor in enumerate(self._cursor):
+            if rec.order < cursor:
+                self._cursor[r] = rec.order
+
+    def _blocks(self, rec: TrialRecord, rung: RungRecord) -> bool:
+        """A live trial with no (or a removed) entry at the rung: the rung must wait for it."""
+        if not self._live(rec):
+            return False
+        entry = rung.entries.get(rec.trial_id)
+        return entry is None or entry.decision == "removed"
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
@@ -422,11 +507,22 @@ class CollapseScheduler(FIFOScheduler):
         return False
 
     def _rung_ready(self, r: int) -> bool:
+        """Undecided, someone waits at it, and no live trial has yet to reach it. The walk over
+        the trials resumes where the last call found one that blocked (amortised O(1) per call;
+        ``_reopen`` moves it back when a trial behind it may block again)."""
         rung = self._state.rungs[r]
         if rung.decided or not any(e.decision == "pending" for e in rung.entries.values()):
             return False
-        return all(rec.trial_id in rung.entries and rung.entries[rec.trial_id].decision != "removed"
-                   for rec in self._state.trials.values() if self._live(rec))
+        if len(self._ids) != len(self._state.trials):
+            self._reindex()
+        ids, trials, i = self._ids, self._state.trials, self._cursor[r]
+        while i < len(ids) and not self._blocks(trials[ids[i]], rung):
+            i += 1
+        self._cursor[r] = i
+        ready = i == len(ids)
+        if self._strict:  # tests: the walk must agree with the plain definition
+            assert ready == all(not self._blocks(rec, rung) for rec in trials.values()), "rung readiness walk"
+        return ready
 
     def _try_decide(self, tc: Optional["TuneController"], trigger_id: Optional[str] = None) -> None:
         """Sync/audit: decide every rung that is ready, in order (a decision may make the next
@@ -488,6 +584,8 @@ class CollapseScheduler(FIFOScheduler):
             "predicted_best": rung.predicted_best, "current_best": rung.current_best, "margin": rung.margin,
             "margin_text": self.margin_text(r), "kind": rung.kind, "kept_all": rung.kept_all,
             "compute_fraction": compute, "decided_at": now, "progress": self.progress()})
+        for tid in rung.survivors:
+            self._queue.push(tid)  # no longer waiting: may be chosen to run
         if self._is_last(r):
             self._emit_early_answer(r)
         for rec in to_stop:
@@ -521,7 +619,10 @@ class CollapseScheduler(FIFOScheduler):
         rec.status, rec.stopped_at = "stopped", fraction
         if trigger or tc is None:
             return
-        trial = next((t for t in tc.get_trials() if t.trial_id == rec.trial_id), None)
+        # The Trial object Ray registered (found without walking its list: one walk per loser
+        # was quadratic at 10,000 trials); one never registered here is looked up.
+        trial = self._queue.trials.get(rec.trial_id) or next(
+            (t for t in tc.get_trials() if t.trial_id == rec.trial_id), None)
         if trial is not None:
             self._terminate(tc, trial)
 
@@ -613,15 +714,19 @@ class CollapseScheduler(FIFOScheduler):
         tid = trial.trial_id
         rec = self._state.trials.get(tid)
         ray_status = getattr(trial, "status", Trial.PENDING)
+        self._queue.add(trial)
         if rec is None:
             config = json_safe(dict(getattr(trial, "config", None) or {}))
             rec = self._state.trials[tid] = TrialRecord(
                 trial_id=tid, order=len(self._state.trials), config=config,
                 status=_RAY_TO_STATUS.get(ray_status, "pending"), sweep_values=rules.sweep_values(_flat(config)))
+            if len(self._ids) == rec.order:
+                self._ids.append(tid)
             self._persist()
             return
         if rec.status == "error" and ray_status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED):
             rec.status = "pending"  # retried after a failure, or resumed with resume_errored
+            self._reopen(tid)
         elif rec.status in _ALIVE and ray_status == Trial.TERMINATED:
             rec.status = "completed"  # it finished before our last write
             rec.final_metric = rec.final_metric if rec.final_metric is not None else (
@@ -677,6 +782,7 @@ class CollapseScheduler(FIFOScheduler):
                 e = rung.entries.get(rec.trial_id)
                 if e is not None and e.decision == "pending" and e.train_fraction > t + T_HAT_EPS:
                     del rung.entries[rec.trial_id]
+                    self._reopen(rec.trial_id)
         if self._history is not None:
             self._history.append(rec.trial_id, t, value)
         return False
@@ -733,6 +839,8 @@ class CollapseScheduler(FIFOScheduler):
                 "(on_trial_add); this scheduler instance is not the one the trial was registered with")
         if rec.status in _OUT:
             return TrialScheduler.STOP  # stopped earlier (also across a restore)
+        if rec.status not in _ALIVE:
+            self._reopen(rec.trial_id)  # alive again (a trial reporting after an error)
         rec.status = "running"
         if self._ingest(rec, result):
             self._try_decide(tc)
@@ -757,6 +865,7 @@ class CollapseScheduler(FIFOScheduler):
         if self._decision_mode == "sync" and waiting and not result.get("done") \
                 and rec.last_train_fraction < 1.0 - T_HAT_EPS:
             rec.status = "paused"
+            self._queue.push(rec.trial_id)
             return TrialScheduler.PAUSE
         return TrialScheduler.CONTINUE
 
@@ -794,6 +903,7 @@ class CollapseScheduler(FIFOScheduler):
     def on_trial_error(self, tune_controller: "TuneController", trial: Trial) -> None:
         """A trial failed. Its absence must not block a rung; a retry re-adds it."""
         self._guard(self._on_gone, None, tune_controller, trial, "error")
+        self._queue.push(trial.trial_id)  # Ray may requeue it PENDING
 
     def on_trial_remove(self, tune_controller: "TuneController", trial: Trial) -> None:
         """A PAUSED or PENDING trial was stopped (by us via ``stop_trial``, or by Tune/user)."""
@@ -820,12 +930,26 @@ class CollapseScheduler(FIFOScheduler):
                 rec = self._state.trials.get(trial.trial_id)
                 if rec is not None and rec.status in _OUT and trial.status in (Trial.PENDING, Trial.PAUSED):
                     self._guard(self._terminate, None, tune_controller, trial)
+        if len(trials) != len(self._queue):
+            # Trials this instance was never told about (unpickled by Tuner.restore): index them.
+            for trial in trials:
+                if trial.trial_id not in self._queue.trials:
+                    self._queue.add(trial)
+        chosen = self._queue.first(Trial.PENDING, self._may_run) or self._queue.first(Trial.PAUSED, self._may_run)
+        if chosen is not None and chosen.status == Trial.PAUSED:
+            self._queue.push(chosen.trial_id)  # Ray stages it PENDING and may ask again
+        if self._strict:  # tests: the queue must pick what a walk over the controller's list picks
+            assert chosen is self._choose_by_walk(trials), "choose_trial_to_run queue"
+        return chosen
+
+    def _choose_by_walk(self, trials: Sequence[Trial]) -> Optional[Trial]:
+        """The definition: the first PENDING trial that may run, else the first PAUSED one."""
         paused: Optional[Trial] = None
         for trial in trials:
             if trial.status == Trial.PENDING and self._may_run(trial):
                 return trial
             if trial.status == Trial.PAUSED and paused is None and self._may_run(trial):
-                paused = trial  # trials come in creation order: the first is the oldest
+                paused = trial
         return paused
 
     def _may_run(self, trial: Trial) -> bool:

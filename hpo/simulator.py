@@ -108,6 +108,8 @@ class SimulatedSweep:
         self._events: list[tuple[float, int, str]] = []  # (time, creation order, run id)
         self._order = {r: i for i, r in enumerate(self.runs)}
         self._now = 0.0
+        self._started: set[str] = set()
+        self._pending_at = 0
         self.outcome = SimulatedOutcome({r: 0.0 for r in self.runs}, [])
 
     # ----------------------------------------------------------- the controller API
@@ -132,11 +134,21 @@ class SimulatedSweep:
         trial.set_status(Trial.PAUSED)
 
     # ----------------------------------------------------------- the loop
-    def _running(self) -> list[Trial]:
-        return [t for t in self.trials if t.status == Trial.RUNNING]
+    def _n_running(self) -> int:
+        # Only _start makes a trial RUNNING here: the set holds every running trial (and a few
+        # that were since paused or ended), so counting costs the slots, not the sweep.
+        self._started = {r for r in self._started if self._by_id[r].status == Trial.RUNNING}
+        return len(self._started)
+
+    def _first_pending(self) -> Optional[Trial]:
+        # Trials leave PENDING once and never return to it here: a cursor walks the list once.
+        while self._pending_at < len(self.trials) and self.trials[self._pending_at].status != Trial.PENDING:
+            self._pending_at += 1
+        return self.trials[self._pending_at] if self._pending_at < len(self.trials) else None
 
     def _start(self, trial: Trial) -> None:
         trial.set_status(Trial.RUNNING)
+        self._started.add(trial.trial_id)
         self._schedule(trial)
 
     def _schedule(self, trial: Trial) -> None:
@@ -148,10 +160,10 @@ class SimulatedSweep:
         heapq.heappush(self._events, (self._now + step * self.costs[r], self._order[r], r))
 
     def _fill(self) -> None:
-        while len(self._running()) < self.n_workers:
+        while self._n_running() < self.n_workers:
             chosen = self.scheduler.choose_trial_to_run(self)
             if chosen is None or chosen.status not in (Trial.PENDING, Trial.PAUSED):
-                chosen = next((t for t in self.trials if t.status == Trial.PENDING), None)
+                chosen = self._first_pending()
             if chosen is None:
                 return
             self._start(chosen)
