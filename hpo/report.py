@@ -169,6 +169,10 @@ def render_markdown(report: Report, analysis: Optional[Analysis] = None) -> str:
         lines.append(f"- Predicted final loss {_fmt(ea.get('predicted_final_loss'))}"
                      + (f" ± {unc:.4f}" if unc is not None else ""))
         lines.append(f"- Compute spent when announced: {_fmt_pct(ea.get('compute_fraction'))}")
+        revised = ea.get("revised")
+        if isinstance(revised, dict):
+            lines.append(f"- Revised at {revised.get('at')}: replaces trial {revised.get('from')} "
+                         f"({_md(str(revised.get('why')))})")
         tid = ea.get("trial_id")
         if analysis and tid in analysis.finals and analysis.finals[tid] is not None:
             fin = analysis.finals[tid]
@@ -302,5 +306,7 @@ def print_report(report: Report, console: Any = None) -> None:
     if ea:
         console.print(f"early answer: trial {ea.get('trial_id')} at t̂ = {ea.get('rung')}, predicted final "
                       f"{_fmt(ea.get('predicted_final_loss'))}")
+        if isinstance(ea.get("revised"), dict):
+            console.print(f"  revised: replaces trial {ea['revised'].get('from')} ({ea['revised'].get('why')})")
     for name, path in report.paths.items():
         console.print(f"  {name}: {path}", soft_wrap=True, highlight=False)

@@ -497,6 +497,11 @@ class CollapseScheduler(FIFOScheduler):
             if keep:
                 if rec.trial_id not in rung.survivors:
                     rung.survivors.append(rec.trial_id)
+                if self._is_last(r) and self._decision_mode != "async" and rung.decided:
+                    # Kept after the answer was announced (it errored, was retried or resumed):
+                    # the answer follows the facts.
+                    self._revise_early_answer(f"trial {rec.trial_id} reached t̂ = {fraction:g} after the rung was "
+                                              "decided (retried after an error, or resumed) and was kept")
                 continue
             if self._decision_mode == "audit":
                 rec.would_stop_at = fraction
@@ -639,7 +644,24 @@ class CollapseScheduler(FIFOScheduler):
             finally:
                 self._deciding = False
 
-    def _emit_early_answer(self, r: int) -> None:
+    def _revise_early_answer(self, why: str) -> None:
+        """Recompute the early answer from the last rung as it stands now (a trial that errored
+        or was retried, or a resumed sweep, can arrive there after it was decided and be kept);
+        when it names another trial, announce it again (file, MLflow, terminal through
+        ``on_early_answer``) with ``revised``: the trial it replaces, why and when."""
+        old = self._state.early_answer
+        if old is None:
+            return
+        self._state.early_answer = None
+        self._emit_early_answer(len(self._rungs) - 1, revision={"from": old.get("trial_id"), "why": why,
+                                                                "at": utc_now(), "previous": old})
+        new = self._state.early_answer
+        if new is None:
+            self._state.early_answer = old  # nothing to rank any more: the answer stands
+
+    def _emit_early_answer(self, r: int, revision: Optional[dict[str, Any]] = None) -> None:
+        """Make the early answer from rung ``r`` (once; again only through ``_revise_early_answer``,
+        which passes ``revision`` and announces only a changed pick)."""
         if self._state.early_answer is not None:
             return
         rung = self._state.rungs[r]
@@ -672,6 +694,16 @@ class CollapseScheduler(FIFOScheduler):
             "rung": self._rungs[r], "kept": list(rung.survivors), "current_best": rung.current_best,
             "decision_mode": self._decision_mode, "decided_at": utc_now(),
         })
+        if revision is not None:
+            previous = revision.pop("previous")
+            if previous.get("trial_id") == best.trial_id:
+                self._state.early_answer = previous  # the same pick: nothing to announce again
+                return
+            self._state.early_answer["revised"] = json_safe(
+                {**revision, "to": best.trial_id, "previous_predicted_final_loss": previous.get("predicted_final_loss"),
+                 "revisions": int((previous.get("revised") or {}).get("revisions", 0)) + 1})
+            logger.warning("CollapseScheduler: early answer revised: trial %s replaces %s (%s)",
+                           best.trial_id, revision["from"], revision["why"])
         self._persist(force=True)
         self._notify(self._on_early_answer, dict(self._state.early_answer))
 

@@ -304,3 +304,15 @@ def test_terminal_report_reads_at_80_columns(tmp_path):
     for piece in ("lr=0.0025,", "weight_decay=0.3,", "batch_size=4096,", "τ=0.3"):
         assert piece in table
     assert "calibrated for ranking the trials of this sweep" in table
+
+
+def test_report_says_when_the_early_answer_was_revised(tmp_path):
+    # An early answer replaced after it was announced (a better trial kept late) says so.
+    state = make_state(tmp_path)
+    state.early_answer = dict(state.early_answer, revised={
+        "from": "t0", "to": "t1", "at": "2026-12-05T07:00:00Z", "revisions": 1,
+        "why": "trial t1 reached t̂ = 0.3 after the rung was decided (retried after an error, or resumed) and was kept"})
+    state.save(tmp_path / "scheduler_state.json")
+    write_report(tmp_path, predictor=StubPredictor(), plots=False)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "Revised at 2026-12-05T07:00:00Z: replaces trial t0" in md and "retried after an error" in md

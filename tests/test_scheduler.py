@@ -619,6 +619,41 @@ def test_retry_after_error_is_revived():
     assert s.state.rungs[0].entries["c"].late
 
 
+# Asserts: the early answer follows the facts: the best trial errors before the first rung,
+# the sweep announces a worse one; retried (or resumed), the best one arrives at the decided
+# last rung, is kept, and the answer is announced again naming it, with what it replaces, why
+# and when (it used to stay on the worse trial in predicted_best.json, the report and MLflow).
+def test_early_answer_is_revised_when_a_better_trial_arrives_late():
+    answers: list[dict] = []
+    s = sched(rungs=(0.1, 0.2), on_early_answer=answers.append)
+    trials = [stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5), stub("c", final=0.9, tau=0.5)]
+    ctl = FakeController(s, trials)
+    a, b, c = trials
+    for t in trials:
+        ctl.start(t)
+    ctl.step(c)
+    s.on_trial_error(ctl, c)
+    c.set_status(Trial.ERROR)
+    for _ in range(4):
+        for t in (a, b):
+            if t.status == Trial.PAUSED:
+                t.set_status(Trial.RUNNING)
+            if t.status == Trial.RUNNING:
+                ctl.step(t)
+    assert [x["trial_id"] for x in answers] == ["a"] and "revised" not in answers[0]
+    c.set_status(Trial.PENDING)  # retried (or `hpo resume` with errored trials resumed)
+    s.on_trial_add(ctl, c)
+    ctl.start(c)
+    for _ in range(3):
+        ctl.step(c)
+    assert [x["trial_id"] for x in answers] == ["a", "c"]
+    revised = answers[-1]["revised"]
+    assert revised["from"] == "a" and revised["to"] == "c" and "after the rung was decided" in revised["why"]
+    assert revised["at"] and revised["revisions"] == 1
+    assert s.state.early_answer["trial_id"] == "c"
+    assert set(answers[0]) <= set(answers[-1])  # every key of the first announcement is kept
+
+
 # Asserts: on_trial_add is idempotent (restore, retry, TERMINATED re-adds): no duplicates, history kept.
 def test_on_trial_add_idempotent():
     s = sched()
