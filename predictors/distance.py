@@ -11,20 +11,21 @@ therefore keeps the error of every held-out group, with where it lay
 * by extrapolation: calibrated on the values up to (down from) each one, every value beyond
   predicted, so that the distances reach as far as the bank allows;
 
-and a run off the calibrated scale gets, per axis on which it is off:
+and a run off the calibrated scale gets, per axis on which it is off, the error of the held-out
+groups in the same situation (same axis; inside the calibrated range, or beyond it on the same
+side: above the largest value or below the smallest, where the groups record it) at its
+distance d:
 
-* the error of the held-out groups in the same situation (same axis, same side of the
-  calibrated range) held out at least as far away as it is (the rule of
-  ``RankingError._off_scale``): the nearest such distance, and the largest error of every
-  group held out no farther (so the stated error never falls as the distance grows; the
-  farthest extrapolations, with the largest errors, do not inflate a run just off the
-  range); or, beyond the farthest group,
-* the error grown with the distance, e(s, d)² = e_in(s)² + k(s)²·d², the slope k fitted to the
-  groups of that situation (least squares of their excess variance rms² − e_in² on d², each
-  weighted by its number of curves), and never below the largest error held out.
+* e(s, d)² = e_in(s)² + k(s)²·d², the slope k fitted to the groups of that situation (least
+  squares of their excess variance rms² − e_in² on d², each weighted by its number of curves):
+  the RMS error those groups show at that distance, so that the stated σ is about the size of
+  the errors (issue 28; it was the largest error of any group held out no farther, which let
+  one poor extrapolation from two sizes set a band 5–18× the errors of every run).
 
-Axes add in variance: e² = e_in² + Σ_axis (e_axis² − e_in²). τ = ∞ (no weight decay) against a
-bank of finite τ is beyond every distance: the largest error held out across τ applies (a lower
+The axes add in variance, except that TPP and model size count one distance once: a run whose
+N and TPP are both off (a fixed token budget moves both by the same log distance) gets the
+larger of the two excesses, not their sum; τ adds. τ = ∞ (no weight decay) against a bank of
+finite τ is beyond every distance: the largest error held out across τ applies (a lower
 bound, said so).
 """
 
@@ -52,6 +53,9 @@ class ErrorGroup:
     n: int
     rms: tuple[float, ...]
     bias: tuple[float, ...]
+    #: Beyond the calibrated range: "above" its largest value or "below" its smallest (None:
+    #: inside, or not recorded: files before issue 28, matched on either side).
+    direction: Optional[str] = None
 
     def __post_init__(self) -> None:
         r = np.asarray(self.rms, dtype=np.float64)
@@ -67,15 +71,34 @@ class ErrorGroup:
         return float(np.interp(s, fractions, self.rms))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scheme": self.scheme, "value": self.value, "axis": self.position.axis,
-                "inside": self.position.inside, "distance": self.position.distance, "n": self.n,
-                "rms": list(self.rms), "bias": list(self.bias)}
+        out = {"scheme": self.scheme, "value": self.value, "axis": self.position.axis,
+               "inside": self.position.inside, "distance": self.position.distance, "n": self.n,
+               "rms": list(self.rms), "bias": list(self.bias)}
+        if self.direction is not None:
+            out["direction"] = self.direction
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ErrorGroup":
+        direction = data.get("direction")
         return cls(str(data["scheme"]), float(data["value"]),
                    Position(str(data["axis"]), bool(data["inside"]), float(data["distance"])),
-                   int(data["n"]), tuple(data["rms"]), tuple(data["bias"]))
+                   int(data["n"]), tuple(data["rms"]), tuple(data["bias"]),
+                   None if direction is None else str(direction))
+
+
+def direction_of(value: float, calibrated: Sequence[float]) -> Optional[str]:
+    """"above" when ``value`` lies above every calibrated value, "below" when below every one,
+    else None (inside, or nothing calibrated)."""
+    refs = [float(c) for c in calibrated if c is not None and math.isfinite(float(c))]
+    if not refs or not math.isfinite(value):
+        return None
+    return "above" if value > max(refs) else "below" if value < min(refs) else None
+
+
+#: Axes one distance can move together (a fixed token budget: N up, TPP down by the same factor):
+#: their excess errors are not added (module docstring).
+SCALE_AXES = ("tokens_per_param", "n_params")
 
 
 def slope_squared(groups: Sequence[ErrorGroup], fractions: Sequence[float], s: float, e_in: float) -> float:
@@ -93,9 +116,11 @@ def slope_squared(groups: Sequence[ErrorGroup], fractions: Sequence[float], s: f
 
 def axis_error(
     groups: Sequence[ErrorGroup], fractions: Sequence[float], s: float, e_in: float, position: Position,
+    direction: Optional[str] = None,
 ) -> Optional[tuple[float, str]]:
-    """(e(s) for a run at ``position``, in words) from the groups held out on its axis (module
-    docstring), or None when none was held out on that axis."""
+    """(e(s) for a run at ``position``, ``direction`` "above"/"below" when beyond, in words)
+    from the groups held out on its axis (module docstring), or None when none was held out on
+    that axis."""
     on_axis = [g for g in groups if g.position.axis == position.axis]
     if not on_axis:
         return None
@@ -105,44 +130,55 @@ def axis_error(
     if not same:
         same = on_axis
         note = f" (none was held out {side} the calibrated range: all groups on the axis)"
+    elif not position.inside and direction is not None:
+        # Beyond on the same side: extrapolating up from the small sizes is not extrapolating down.
+        sided = [g for g in same if g.direction in (None, direction)]
+        if sided:
+            same = sided
+            side = f"{direction} the calibrated range"
+        else:
+            note = f" (none was held out {direction} the calibrated range: both sides)"
     d = position.distance
     if math.isinf(d):
         g = max(same, key=lambda g: g.at(fractions, s))
         return g.at(fractions, s), (f"{position.axis} beyond every calibrated value: the largest error held out "
                                     f"on the axis ({g.scheme}, {g.value:g}), a lower bound{note}")
-    far = [g.position.distance for g in same if g.position.distance >= d - 1e-9]
-    if far:
-        # Monotone in distance: every group held out no farther than the nearest one at least as
-        # far as the run (so a nearer group with a larger error is never ignored).
-        reach = min(far)
-        near = [g for g in same if g.position.distance <= reach + 1e-9]
-        g = max(near, key=lambda g: g.at(fractions, s))
-        return g.at(fractions, s), (f"{g.scheme} at {position.axis} {g.value:g} held out ({g.position.words()}; "
-                                    f"this run: {d:.2f}){note}")
-    farthest = max(same, key=lambda g: g.position.distance)
     k2 = slope_squared(same, fractions, s, e_in)
-    grown = math.sqrt(e_in * e_in + k2 * d * d)
-    largest = max(g.at(fractions, s) for g in same)
-    value = max(grown, largest)
-    return value, (f"{position.axis} {side} the calibrated range at {d:.2f} in log, farther than any held-out group "
-                   f"(farthest {farthest.position.distance:.2f}): the error grown with distance, "
-                   f"e² = e_in² + k²·d² fitted to {len(same)} held-out groups{note}")
+    farthest = max(g.position.distance for g in same)
+    value = math.sqrt(e_in * e_in + k2 * d * d)
+    beyond = (f"; farther than any held-out group (farthest {farthest:.2f}): the trend is extrapolated"
+              if d > farthest + 1e-9 else "")
+    return value, (f"{position.axis} {side}, {d:.2f} in log: e² = e_in² + k²·d² fitted to the errors of "
+                   f"{len(same)} groups held out there (distances {min(g.position.distance for g in same):.2f}–"
+                   f"{farthest:.2f}){beyond}{note}")
 
 
 def off_scale_error(
     groups: Sequence[ErrorGroup], fractions: Sequence[float], s: float, e_in: float, positions: Sequence[Position],
+    directions: Optional[Mapping[str, str]] = None,
 ) -> tuple[Optional[float], list[str], list[Position]]:
     """(combined e(s) over the axes that have groups, words per axis, positions on axes without
-    any group). The combined error is None when no position has a group on its axis."""
-    excess, words, unmeasured = 0.0, [], []
+    any group). The combined error is None when no position has a group on its axis.
+    ``directions``: per axis, "above"/"below" for a position beyond the calibrated range. TPP and
+    model size share one excess (the larger), τ adds (module docstring)."""
+    directions = directions or {}
+    scale_excess, other_excess, words, unmeasured = 0.0, 0.0, [], []
     measured = False
+    scale_axes = 0
     for pos in positions:
-        found = axis_error(groups, fractions, s, e_in, pos)
+        found = axis_error(groups, fractions, s, e_in, pos, directions.get(pos.axis) if not pos.inside else None)
         if found is None:
             unmeasured.append(pos)
             continue
         measured = True
         value, why = found
-        excess += max(0.0, value * value - e_in * e_in)
+        excess = max(0.0, value * value - e_in * e_in)
+        if pos.axis in SCALE_AXES:
+            scale_excess = max(scale_excess, excess)
+            scale_axes += 1
+        else:
+            other_excess += excess
         words.append(why)
-    return (math.sqrt(e_in * e_in + excess) if measured else None), words, unmeasured
+    if scale_axes > 1:
+        words.append("TPP and N both off: one distance, counted once (the larger of their errors)")
+    return (math.sqrt(e_in * e_in + scale_excess + other_excess) if measured else None), words, unmeasured

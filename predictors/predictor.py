@@ -29,7 +29,7 @@ from predictors.align import (
     segment_indices,
 )
 from predictors.controls import Controls
-from predictors.distance import ErrorGroup, off_scale_error
+from predictors.distance import ErrorGroup, direction_of, off_scale_error
 from predictors.io import atomic_write_json, json_safe, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
@@ -297,6 +297,22 @@ class Predictor:
                     worst[key] = pos
         return list(worst.values())
 
+    def _directions(self, controls: Controls) -> dict[str, str]:
+        """Per axis where ``controls`` lie beyond the calibrated values: "above" or "below"."""
+        out = {}
+        for axis, key in DECISION_AXES:
+            value = {"tokens_per_param": controls.tokens_per_param, "n_params": controls.n_params,
+                     "tau": controls.tau}[axis]
+            known = self.provenance.get(key) or []
+            if value is not None:
+                try:
+                    direction = direction_of(float(value), [float(k) for k in known])
+                except (TypeError, ValueError):
+                    direction = None
+                if direction is not None:
+                    out[axis] = direction
+        return out
+
     def _warn_once(self, key: str, message: str, category: type[Warning] = UserWarning) -> None:
         warned: set[str] = self._warned  # type: ignore[attr-defined]
         if key not in warned:
@@ -321,9 +337,10 @@ class Predictor:
         source; 0 when uncalibrated.
 
         At the calibrated scale: the in-scale (leave-one-out) error. Off it (TPP, N or τ not
-        at a calibrated value, ``positions``), per axis: the error of the held-out groups in
-        the same situation at least as far away, grown with distance beyond the farthest
-        (``predictors.distance``), the axes adding in variance; on an axis without held-out
+        at a calibrated value, ``positions``), per axis: the RMS error that the held-out groups
+        in the same situation (inside; or beyond on the same side) show at its distance
+        (``predictors.distance``), the axes adding in variance except TPP and N, one distance
+        counted once; on an axis without held-out
         groups (files before version 4), the pooled cross-scale error when it is the larger.
         A run without N is assumed at a calibrated size and warned about
         (:class:`NParamsMissingWarning`).
@@ -337,7 +354,8 @@ class Predictor:
         positions = self.positions([controls], axes=[a for a, _ in DECISION_AXES])
         if not positions:
             return in_scale, table.source + (f" ({note})" if note else "")
-        value, words, unmeasured = (off_scale_error(table.groups, table.stop_fractions, s, in_scale, positions)
+        value, words, unmeasured = (off_scale_error(table.groups, table.stop_fractions, s, in_scale, positions,
+                                                    self._directions(controls))
                                     if table.groups else (None, [], positions))
         cross = table.cross_scale_at(s)
         at_reference, why = self.scale_check(controls)
@@ -411,8 +429,15 @@ class Predictor:
             return f"surrogate ({why})"
         if self.params.has_size_term:
             n = controls.n_params
-            return (f"surrogate with size term, m(N = {n:.3g}) = {self.params.m_at(n):.4g}" if n is not None else
-                    f"surrogate with size term at N_ref = {self.params.size_ref:.3g} (N not reported)")
+            if n is None:
+                return f"surrogate with size term at N_ref = {self.params.size_ref:.3g} (N not reported)"
+            words = f"surrogate with size term, m(N = {n:.3g}) = {self.params.m_at(n):.4g}"
+            sizes = [float(v) for v in self.provenance.get("model_sizes") or []]
+            side = direction_of(float(n), sizes)
+            if side is not None:  # a fitted trend continued past the sizes it was fitted on: said so
+                edge, which = (max(sizes), "largest") if side == "above" else (min(sizes), "smallest")
+                words += f" (the size trend extrapolated {side} the calibrated sizes, {n / edge:.2g}× the {which})"
+            return words
         return "surrogate"
 
     def _ell_hat(self, t: np.ndarray, controls: Controls) -> np.ndarray:

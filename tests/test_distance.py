@@ -1,0 +1,56 @@
+"""The decision error off the calibrated scale (predictors/distance.py): σ sized to the errors
+held out at the run's distance, one distance counted once, the side of the range respected."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from predictors.distance import ErrorGroup, off_scale_error
+from predictors.ranking import Position
+
+FRACTIONS = (0.1, 0.3)
+E_IN = 0.01
+
+
+def _group(axis: str, d: float, rms: float, direction=None, n: int = 2) -> ErrorGroup:
+    return ErrorGroup("held out", 1.0, Position(axis, False, d), n, (rms, rms), (0.0, 0.0), direction)
+
+
+def test_error_is_the_rms_the_groups_show_at_that_distance_not_the_largest():
+    # Three groups on the N axis at log distance 0.5: two with 2% errors, one poor one with 6%.
+    # The stated error is their RMS excess at that distance (about 4%), not the worst (6%).
+    groups = [_group("n_params", 0.5, 0.02), _group("n_params", 0.5, 0.02), _group("n_params", 0.5, 0.06)]
+    e, words, _ = off_scale_error(groups, FRACTIONS, 0.1, E_IN, [Position("n_params", False, 0.5)])
+    expected = math.sqrt(E_IN ** 2 + (2 * (0.02**2 - E_IN**2) + (0.06**2 - E_IN**2)) / 3)
+    assert e == pytest.approx(expected) and e < 0.06
+    # Twice the distance: the trend grows the excess with d (said so beyond the farthest group).
+    far, words, _ = off_scale_error(groups, FRACTIONS, 0.1, E_IN, [Position("n_params", False, 1.0)])
+    assert far**2 - E_IN**2 == pytest.approx(4 * (expected**2 - E_IN**2))
+    assert "farther than any held-out group" in words[0]
+
+
+def test_tpp_and_size_off_together_count_one_distance_once():
+    groups = [_group("n_params", 0.7, 0.03), _group("tokens_per_param", 0.7, 0.04)]
+    both = [Position("n_params", False, 0.7), Position("tokens_per_param", False, 0.7)]
+    e, words, _ = off_scale_error(groups, FRACTIONS, 0.1, E_IN, both)
+    assert e == pytest.approx(0.04)  # the larger, not sqrt(e_in² + both excesses) = 0.049
+    assert any("counted once" in w for w in words)
+    # τ is another control: its excess still adds.
+    tau = off_scale_error([*groups, _group("tau", 0.7, 0.03)], FRACTIONS, 0.1, E_IN,
+                          [*both, Position("tau", False, 0.7)])[0]
+    assert tau == pytest.approx(math.sqrt(0.04**2 + 0.03**2 - E_IN**2))
+
+
+def test_a_run_above_the_calibrated_sizes_gets_the_errors_held_out_above():
+    # Extrapolating down to the smallest models went badly (8%); up, 2%. A run above gets 2%.
+    groups = [_group("n_params", 0.8, 0.02, "above"), _group("n_params", 0.8, 0.08, "below")]
+    pos = [Position("n_params", False, 0.8)]
+    assert off_scale_error(groups, FRACTIONS, 0.1, E_IN, pos, {"n_params": "above"})[0] == pytest.approx(0.02)
+    assert off_scale_error(groups, FRACTIONS, 0.1, E_IN, pos, {"n_params": "below"})[0] == pytest.approx(0.08)
+    # Groups from files without a direction are matched on either side.
+    both = off_scale_error([_group("n_params", 0.8, 0.02), _group("n_params", 0.8, 0.08)], FRACTIONS, 0.1, E_IN,
+                           pos, {"n_params": "above"})[0]
+    assert 0.02 < both < 0.08
+    assert ErrorGroup.from_dict(groups[0].to_dict()) == groups[0]
