@@ -84,6 +84,10 @@ class CalibrationConfig(BaseModel):
     # one seed every run still sees the same stream (paired comparisons).
     data_seed_from_seed: bool = False
     bank: str = "configs/calibration/bank.parquet"
+    # Other banks read (never written) for this calibration's runs: a calibration pooling the
+    # runs of several (the default bank with the width ladder's). Runs still missing are
+    # trained into `bank`.
+    extra_banks: list[str] = Field(default_factory=list)
     # Banks of sweeps at scales this calibration does not fit (other model sizes, TPPs): the
     # predictor as fitted predicts their sweeps, and the order error measured there is what a
     # sweep as far off the calibrated scale gets (issue 25). Their curves never enter the fit.
@@ -203,11 +207,13 @@ def _predictor_out(config: CalibrationConfig) -> Path:
 
 
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
-    """Fit the predictor on the bank's completed curves of this calibration; write JSON + report."""
-    frame = load_bank(bank_path)
+    """Fit the predictor on the bank's (and ``extra_banks``') completed curves of this
+    calibration; write JSON + report."""
+    frame = _banked_runs(config, bank_path)
     wanted = {run_id_of(c) for c in config.runs()}
-    frame = frame[frame["run_id"].isin(wanted)]
-    provenance = {"calibration": config.name, "bank": portable_path(bank_path)}
+    provenance: dict[str, Any] = {"calibration": config.name, "bank": portable_path(bank_path)}
+    if config.extra_banks:
+        provenance["extra_banks"] = [portable_path(_resolve(b)) for b in config.extra_banks]
     ranking_curves = []
     for extra in config.ranking_banks:
         path = _resolve(extra)
@@ -221,6 +227,20 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
         provenance["ranking_banks"] = [portable_path(_resolve(b)) for b in config.ranking_banks]
     return fit_and_report(bank_curves(fill_epochs(frame)), config.fit, predictor_path, _output(config),
                           provenance=provenance, source=str(bank_path), ranking_curves=ranking_curves)
+
+
+def _banked_runs(config: CalibrationConfig, bank_path: Path) -> pd.DataFrame:
+    """This calibration's runs in ``bank_path`` and its ``extra_banks`` (a run in several: the
+    first bank's copy)."""
+    wanted = {run_id_of(c) for c in config.runs()}
+    frames = []
+    for path in [bank_path, *(_resolve(b) for b in config.extra_banks)]:
+        if path != bank_path and not path.is_file():
+            raise ConfigError(f"extra_banks: {portable_path(path)}: no such bank")
+        frame = load_bank(path)
+        seen = set().union(*(set(f["run_id"]) for f in frames)) if frames else set()
+        frames.append(frame[frame["run_id"].isin(wanted - seen)])
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 def fit_and_report(
@@ -458,6 +478,7 @@ def _calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bo
             "params": result.predictor.to_dict().get("params"),
             "size_method": result.predictor.size_method,
             "size_comparison": _size_comparison(choices.get(fit_m)),
+            "size_choice_rule": getattr(choices.get(fit_m), "why", None),
             "decision_error": ({f"{s:g}": e for s, e in zip(table.stop_fractions, table.rel_error)}
                                if table is not None else {}),
             "decision_error_source": table.source if table is not None else None,
@@ -575,12 +596,15 @@ def _size_markdown(modes: dict[str, Any], s_words: str) -> list[str]:
             rows.append([mode, name, "score", "", "", f"{100 * entry['score']:.2f}%", ""])
     if not rows:
         return []
+    whys = [f"- {mode}: {info['size_choice_rule']}" for mode, info in modes.items() if info.get("size_choice_rule")]
     return ["", "## Model size in the prediction", "",
             "Each model size predicted by a refit without it (leave-one-size-out), per way of bringing N into "
-            "the prediction; the score (mean over sizes and s ≤ 0.3 of each size's RMS) picks the one shipped. "
+            "the prediction (simplest first); the score is the mean over sizes and s ≤ 0.3 of each size's RMS. "
+            "The rule: the simplest method unless a more complex one beats it by more than "
+            f"{held_out.CHOICE_NOISE_Z:g} standard errors of their paired per-size difference. "
             "Where: inside or beyond the remaining sizes, and |log| distance to the nearest.", "",
             markdown_table(["mode", "method", "held-out N", "where", "curves", f"RMS, s = {s_words}",
-                            f"bias, s = {s_words}"], rows)]
+                            f"bias, s = {s_words}"], rows), "", "Chosen:", "", *whys]
 
 
 def _groups_markdown(info: dict[str, Any], s_words: str) -> list[str]:
@@ -753,13 +777,15 @@ def _calibrate(config: CalibrationConfig, fit_only: bool) -> dict[str, Any]:
     if not fit_only:
         from hpo.banking import run_reference_curves  # Ray and torch: only when runs are trained
 
-        added = run_reference_curves(config.runs(), bank_path, config.name, storage=_output(config) / "ray",
+        elsewhere = {r for b in config.extra_banks if _resolve(b).is_file() for r in load_bank(_resolve(b))["run_id"]}
+        todo = [c for c in config.runs() if run_id_of(c) not in elsewhere]  # banked in an extra bank: not retrained
+        added = run_reference_curves(todo, bank_path, config.name, storage=_output(config) / "ray",
                                      num_cpus=config.num_cpus, cpus_per_run=config.cpus_per_run)
         print(f"calibration: banked {added} new curves in {bank_path}")
     if config.predictor_out is None:
-        frame = load_bank(bank_path)
+        frame = _banked_runs(config, bank_path)
         wanted = {run_id_of(c) for c in config.runs()}
-        n = int(frame.loc[frame["run_id"].isin(wanted), "run_id"].nunique()) if len(frame) else 0
+        n = int(frame["run_id"].nunique()) if len(frame) else 0
         print(f"calibration {config.name!r}: bank only (predictor_out is null); "
               f"{n} of {len(wanted)} runs in {bank_path}")
         return {"bank": str(bank_path), "n_banked": n, "n_runs": len(wanted), "predictor": None}

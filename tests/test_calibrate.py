@@ -88,6 +88,24 @@ def test_named_sweeps_share_runs_and_replicates_vary_the_data_stream(tmp_path: P
     assert {r.run_id for r in sweep_runs} == {run_id_of(r) for r in runs}
 
 
+def test_extra_banks_are_read_for_the_calibrations_runs(tmp_path: Path, monkeypatch) -> None:
+    # configs/calibration/default_sizes.yaml pools the default bank with the width ladder's:
+    # every one of its runs is found in one bank or the other, at the ladder's six sizes.
+    from hpo.calibrate import _banked_runs, _resolve
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    config = load_calibration_config("configs/calibration/default_sizes.yaml")
+    frame = _banked_runs(config, _resolve(config.bank))
+    assert frame["run_id"].nunique() == len(config.runs())
+    assert sorted(frame["n_params"].unique()) == [23712, 100672, 221664, 389760, 885696, 1198176]
+    # Without the extra bank the ladder's runs are missing; a missing extra bank is named.
+    alone = config.model_copy(update={"extra_banks": []})
+    assert _banked_runs(alone, _resolve(alone.bank))["run_id"].nunique() < len(config.runs())
+    with pytest.raises(ConfigError, match="extra_banks: .*nope.parquet: no such bank"):
+        _banked_runs(config.model_copy(update={"extra_banks": [str(tmp_path / "nope.parquet")]}),
+                     _resolve(config.bank))
+
+
 def test_bank_only_calibration_writes_no_predictor(tmp_path: Path) -> None:
     # predictor_out: null banks curves (here none are missing) and fits nothing.
     data = {**TINY, "predictor_out": None, "bank": str(tmp_path / "bank.parquet")}
