@@ -33,6 +33,8 @@ def test_sizes_report_scores_every_method_on_the_largest_widths(tmp_path, monkey
     # Coverage is shown beside the interval it covers, and by distance beyond the calibration.
     assert "stated ±2σ (mean)" in text and "## Coverage by distance" in text and "| 2–4×" in text
     assert "outside their stated ±2σ:" in text  # the misses listed one by one (or "none")
+    # The band against the error it states, and the curve MAE per distance (issue 28).
+    assert "±2σ / RMS error (target ≤ 2.5×)" in text and "| curve MAE (× oracle)" in text
 
 
 def test_too_few_widths_is_refused(monkeypatch, capsys):
