@@ -92,6 +92,24 @@ class ImportedCurves:
     source: str = ""
 
 
+#: Largest curve file read (MB), unless the environment variable raises it: a calibration
+#: needs a few hundred points per run, and pandas holds ~100x a CSV's size while reading it.
+MAX_CURVE_MB = 100.0
+MAX_CURVE_MB_ENV = "HPO_MAX_CURVE_MB"
+
+
+def max_curve_mb() -> float:
+    """The curve-file size limit in MB (``HPO_MAX_CURVE_MB``, else :data:`MAX_CURVE_MB`)."""
+    raw = os.environ.get(MAX_CURVE_MB_ENV)
+    try:
+        value = float(raw) if raw else MAX_CURVE_MB
+    except ValueError:
+        raise CurveImportError(f"{MAX_CURVE_MB_ENV}: {raw!r} is not a number of MB") from None
+    if not (math.isfinite(value) and value > 0):
+        raise CurveImportError(f"{MAX_CURVE_MB_ENV}: {raw!r} must be a finite number of MB > 0")
+    return value
+
+
 def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
                      complete_only: bool = True) -> ImportedCurves:
     """Read a ``.csv`` or ``.parquet`` curve file (never pickle) and build its curves.
@@ -118,6 +136,14 @@ def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
     path = Path(path)
     if not path.exists():
         raise CurveImportError(f"{path}: no such curve file")
+    if path.is_dir():
+        raise CurveImportError(f"{path}: is a directory, not a curve file")
+    limit_mb = max_curve_mb()
+    size_mb = path.stat().st_size / 2**20
+    if size_mb > limit_mb:
+        # A 200 MB CSV grew to 24 GB in pandas before the OOM killer ended it.
+        raise CurveImportError(f"{path}: curve file is {size_mb:,.0f} MB, above the {limit_mb:g} MB limit "
+                               f"(set {MAX_CURVE_MB_ENV}=N to read a larger one; thin the points per run first)")
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":

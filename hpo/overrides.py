@@ -69,10 +69,23 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(f"{problem}{where}".split())
 
 
+#: Keys whose values are names or paths, never numbers: a sweep may be named 'nan'.
+_TEXT_KEYS = frozenset({"name", "experiment", "output_dir", "predictor", "tracking_uri", "address", "corpus",
+                        "cache_dir", "device", "schedule", "dtype", "token_dtype", "bank", "predictor_out"})
+
+
 def check_finite(data: Any, source: str, _where: str = "") -> None:
-    """Raise ``ConfigError`` naming the first non-finite number in ``data`` (nested)."""
+    """Raise ``ConfigError`` naming the first non-finite number in ``data`` (nested), also one
+    written as a string (``tau: "inf"``: pydantic would turn it into a float)."""
     if isinstance(data, float) and not math.isfinite(data):
         raise ConfigError(f"{source}: {_where or '(top level)'}: {data} is not a finite number")
+    if isinstance(data, str) and _where.rsplit(".", 1)[-1] not in _TEXT_KEYS:
+        try:
+            number = float(data.strip())
+        except ValueError:
+            number = 0.0
+        if not math.isfinite(number):
+            raise ConfigError(f"{source}: {_where or '(top level)'}: {data!r} is not a finite number")
     if isinstance(data, dict):
         for key, value in data.items():
             check_finite(value, source, f"{_where}.{key}" if _where else str(key))

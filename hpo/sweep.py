@@ -521,9 +521,37 @@ def check_device(config: SweepConfig) -> None:
                           f"(torch {torch.__version__} sees no CUDA device)")
 
 
+#: Seconds a Ray cluster's address gets to accept a connection before a sweep starts
+#: (ray.init would otherwise retry for minutes without a word).
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_address(config: SweepConfig, address: Optional[str],
+                      timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """An explicit Ray address (``--address``, ``ray.address`` or ``RAY_ADDRESS``) must accept a
+    TCP connection within ``timeout_s``: one line naming it otherwise."""
+    import socket
+
+    field, value = next(((f, v) for f, v in (("--address", address), ("ray.address", config.ray.address),
+                                             ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))) if v), (None, None))
+    if not value or value in ("auto", "local"):
+        return
+    hostport = value.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{field}: {value!r} is not HOST:PORT (or ray://HOST:PORT, auto, local)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except socket.timeout:
+        raise ConfigError(f"{field}: {value}: Ray cluster unreachable (no answer within {timeout_s:g} s)") from None
+    except OSError as exc:
+        raise ConfigError(f"{field}: {value}: Ray cluster unreachable ({exc.strerror or exc})") from None
+
+
 def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, Any]:
     """``hpo sweep``: checks, then the sweep under the output folder's lock (one driver per folder)."""
     output = preflight_sweep(config)
+    check_ray_address(config, address)
     if address is None:
         check_device(config)
     warning = check_data(config)
@@ -537,6 +565,7 @@ def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, A
 def resume_sweep(output_dir: str | Path, address: Optional[str] = None) -> dict[str, Any]:
     """``hpo resume``: checks, then the resumed sweep under the output folder's lock."""
     config, output, created_in = preflight_resume(output_dir)
+    check_ray_address(config, address)
     with hold_folder(output, "hpo resume"):
         config, output, created_in = preflight_resume(output_dir)
         return _execute(config, output, address, restore=True, created_in=created_in)

@@ -191,6 +191,15 @@ class MonitorSettings(_Strict):
     stop_on_alarm: bool = False
 
 
+class Limits(_Strict):
+    """Bounds checked before anything starts; raise them to run beyond (``--set
+    limits.max_trials=20000``). The scheduler is measured up to 10,000 trials
+    (``benchmarks/scheduler_cost.py``); a TPP of 1e12 would train for ever."""
+
+    max_trials: int = Field(10_000, ge=1)
+    max_tokens_per_param: float = Field(10_000.0, gt=0)
+
+
 class SweepConfig(_Strict):
     """A whole sweep, validated. Every error names its field."""
 
@@ -205,6 +214,7 @@ class SweepConfig(_Strict):
     ray: RaySettings = Field(default_factory=RaySettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    limits: Limits = Field(default_factory=Limits)
 
     @field_validator("name")
     @classmethod
@@ -289,14 +299,23 @@ def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dic
         raise ConfigError(format_validation_error(exc, source)) from None
     if config.base_trainer().get("tau") == "power_lines":  # pragma: no cover - resolved above
         raise ConfigError(f"{source}: trainer.tau: power_lines could not be resolved")
+    grid = math.prod(len(d.grid) for d in config.search_space.values() if d.grid is not None)
+    if config.num_samples * grid > config.limits.max_trials:
+        raise ConfigError(f"{source}: num_samples: {config.num_samples} x {grid} grid point(s) = "
+                          f"{config.num_samples * grid:,} trials, above limits.max_trials {config.limits.max_trials:,} "
+                          "(raise limits.max_trials to run them)")
     names = list(config.search_space)
     for values in itertools.product(*(config.search_space[n].extremes() for n in names)):
         overrides_i = {n: (int(v) if n in INTEGER_KEYS else v) for n, v in zip(names, values)}
         try:
-            TrainConfig.model_validate(config.trial_trainer(overrides_i))
+            trial = TrainConfig.model_validate(config.trial_trainer(overrides_i))
         except ValidationError as exc:
             where = ", ".join(f"{n}={v}" for n, v in overrides_i.items()) or "base config"
             raise ConfigError(
                 format_validation_error(exc, f"{source}: trainer (trial {where})")
             ) from None
+        if trial.tokens_per_param > config.limits.max_tokens_per_param:
+            raise ConfigError(f"{source}: trainer.tokens_per_param: {trial.tokens_per_param:g} is above "
+                              f"limits.max_tokens_per_param {config.limits.max_tokens_per_param:g} "
+                              "(raise limits.max_tokens_per_param to train that long)")
     return config

@@ -67,6 +67,13 @@ def _only_sweep_yaml(d: Path) -> None:
     (d / "old" / "sweep.yaml").write_text(yaml.safe_dump(config))
 
 
+def _sparse_file(name: str, size: int) -> Callable[[Path], None]:
+    def make(d: Path) -> None:
+        with open(d / name, "wb") as handle:
+            handle.truncate(size)  # sparse: the size without the disk
+    return make
+
+
 def _other_database(d: Path) -> None:
     import sqlite3
 
@@ -137,6 +144,18 @@ CASES: list[Case] = [
     Case("from_mlflow_not_mlflow_db", "`--from-mlflow` on an SQLite file that is not an MLflow store",
          ["calibrate", "--from-mlflow", "1", "--tracking-uri", "sqlite:///other.db"], _other_database,
          ("--tracking-uri", "not an MLflow store")),
+    Case("tau_inf_string", "`trainer.tau: \"inf\"` (a string)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.tau": "inf"})), ("trainer.tau", "'inf'", "finite")),
+    Case("num_samples_huge", "`num_samples: 1e9`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(num_samples=1_000_000_000)), ("num_samples", "limits.max_trials")),
+    Case("tokens_per_param_huge", "`trainer.tokens_per_param: 1e12`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.tokens_per_param": 1e12})),
+         ("tokens_per_param", "limits.max_tokens_per_param")),
+    Case("ray_address_unreachable", "`ray.address: 127.0.0.1:9` (nothing listens)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"ray.address": "127.0.0.1:9"})), ("ray.address", "unreachable")),
+    Case("curve_file_too_big", "a 101 MB curve file", ["calibrate", "--from-curves", "big.csv", "--output-dir", "out",
+                                                        "--predictor-out", "p.json"],
+         _sparse_file("big.csv", 101 * 2**20), ("big.csv", "MB", "HPO_MAX_CURVE_MB")),
     Case("resume_only_sweep_yaml", "`hpo resume` on a directory holding only `sweep.yaml`", ["resume", "old"],
          _only_sweep_yaml, ("nothing to resume",)),
     Case("from_mlflow_no_store", "`--from-mlflow` with a bad id (no store given)", ["calibrate", "--from-mlflow", "42"],

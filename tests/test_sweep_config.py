@@ -140,3 +140,23 @@ def test_a_sweeps_artifacts_stay_in_its_output_folder(tmp_path) -> None:
         config = load_sweep_config(data=sweep_config(output_dir=str(tmp_path / "out"), **changes), source="s.yaml")
         where = artifact_location(config, tmp_path / "out")
         assert (where == (tmp_path / "out" / "mlartifacts").as_uri()) if expected else where is None, uri
+
+
+def test_limits_are_stated_and_can_be_raised() -> None:
+    # Trial counts and TPP beyond the stated limits are refused up front, naming the limit;
+    # raising it runs them. A name that reads as a number stays a name.
+    from bad_input_cases import sweep_config
+    from hpo.overrides import ConfigError
+    from hpo.sweep_config import load_sweep_config
+
+    with pytest.raises(ConfigError, match=r"3 x 4 grid point\(s\) = 12 trials, above limits.max_trials 10"):
+        load_sweep_config(data=sweep_config(num_samples=3, **{"search_space.lr": {"grid": [0.01, 0.02, 0.03, 0.04]},
+                                                            "limits.max_trials": 10}), source="s.yaml")
+    assert load_sweep_config(data=sweep_config(num_samples=3, **{"limits.max_trials": 10}), source="s.yaml")
+    with pytest.raises(ConfigError, match="tokens_per_param: 50 is above limits.max_tokens_per_param 40"):
+        load_sweep_config(data=sweep_config(**{"trainer.tokens_per_param": 50, "limits.max_tokens_per_param": 40}),
+                          source="s.yaml")
+    assert load_sweep_config(data=sweep_config(name="nan"), source="s.yaml").name == "nan"
+    for text in ("inf", "-Infinity", " NaN "):
+        with pytest.raises(ConfigError, match="trainer.tau: .* is not a finite number"):
+            load_sweep_config(data=sweep_config(**{"trainer.tau": text}), source="s.yaml")
