@@ -353,12 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue an interrupted sweep (a directory you trust: Ray's "
                                            "experiment state in it is unpickled)")
-    resume.add_argument("output_dir")
+    resume.add_argument("output_dir", help="the interrupted sweep's output directory (its output_dir, e.g. runs/quickstart)")
     resume.add_argument("--address", help="Ray cluster address")
     resume.set_defaults(func=_cmd_resume)
 
     report = sub.add_parser("report", help="write and print the report of a sweep")
-    report.add_argument("output_dir")
+    report.add_argument("output_dir", help="a sweep's output directory (holds scheduler_state.json)")
     report.set_defaults(func=_cmd_report)
     monitor = sub.add_parser("monitor", help="watch runs' curves against the collapse shape (residual, band, alarm)")
     monitor.add_argument("curves", nargs="?", help="curve file (CSV/parquet, the --from-curves format; runs in "
@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     answer = sub.add_parser("answer", help="the early answer of a submitted sweep (exit 0: answered, 3: still "
                                            "running, 1: ended without one)")
-    answer.add_argument("job")
+    answer.add_argument("job", help="the job id `hpo submit` printed (hpo status lists them)")
     answer.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
                         help="block until the answer exists or the job ends (default); --no-wait: ask once")
     answer.add_argument("--timeout", type=float, help="give up waiting after this many seconds (exit 3)")
@@ -420,13 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     answer.set_defaults(func=_cmd_answer)
 
     logs = sub.add_parser("logs", help="the log of a submitted sweep")
-    logs.add_argument("job")
+    logs.add_argument("job", help="the job id `hpo submit` printed (hpo status lists them)")
     logs.add_argument("--follow", action="store_true", help="keep printing until the job ends")
     _add_cluster_options(logs)
     logs.set_defaults(func=_cmd_logs)
 
     stop = sub.add_parser("stop", help="stop a submitted sweep; its MLflow runs end KILLED")
-    stop.add_argument("job")
+    stop.add_argument("job", help="the job id `hpo submit` printed (hpo status lists them)")
     _add_cluster_options(stop)
     stop.set_defaults(func=_cmd_stop)
     return parser

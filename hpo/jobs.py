@@ -143,6 +143,9 @@ def _mlflow_client(uri: str) -> Any:
     # A server that dies later must not stall a client for MLflow's default minutes of retries.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    # MLflow prints two "View run/experiment at" lines for every run it ends on an http server:
+    # `hpo stop` ends one per trial, and they would bury its one-line result.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from mlflow.tracking import MlflowClient
 
     from hpo.tracking_uri import use_credentials

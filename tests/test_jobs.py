@@ -111,7 +111,7 @@ def test_unreachable_head_and_tracking_server_are_named_within_10_s(tmp_path: Pa
 
 
 def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_host_is_allowed(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The README's cluster server, reached as a second machine reaches it (by this machine's
     # address, or its name): /health answers 200 but every API call is a 403 "Invalid Host
     # header". Refused up front, in one line naming the server and the fix, exit 2.
@@ -139,6 +139,19 @@ def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_
         uri = f"http://{host}:{allowed.port}"
         check_tracking_uri(uri)
         assert MlflowClient(tracking_uri=uri).create_experiment("from-another-machine")
+        # `hpo stop` ends a sweep's runs on such a server with its one line only: MLflow's two
+        # "View run/experiment at" lines per ended run (14 lines for 6 trials) are not printed.
+        from hpo.jobs import tracking_client
+        from hpo.tracking import record_stop
+
+        monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+        client = tracking_client(uri)
+        experiment = client.get_experiment_by_name("from-another-machine").experiment_id
+        parent = client.create_run(experiment).info.run_id
+        client.create_run(experiment, tags={"mlflow.parentRunId": parent})
+        capsys.readouterr()
+        assert record_stop(client, parent, {"job_id": "x"}) == 2
+        assert capsys.readouterr().out == ""
     finally:
         default.stop()
         allowed.stop()

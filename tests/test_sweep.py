@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,15 @@ def test_an_occupied_output_dir_says_whether_resume_applies(tmp_path: Path) -> N
                                           r".*--output DIR"):
         preflight_sweep(load_sweep_config(data=changed))
     assert sorted(p.name for p in output.iterdir()) == before
+
+
+def test_the_readme_output_tree_names_everything_a_sweep_writes(finished_sweep: Path) -> None:
+    # README "What a sweep writes" lists every file and folder of a sweep's output (it missed some).
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    tree = readme.split("## What a sweep writes", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"[\w.\-]+/?", tree))
+    written = sorted(p.name + ("/" if p.is_dir() else "") for p in finished_sweep.iterdir())
+    missing = [name for name in written if name not in named and name.rstrip("/") not in named]
+    assert not missing, f"README's output tree leaves out {missing}"
+    report = sorted(p.name for p in (finished_sweep / "report").iterdir())
+    assert not [name for name in report if name not in named], report
