@@ -309,14 +309,16 @@ class RankingError:
     def order_at(self, stop_fraction: float, kind: str, positions: Sequence[Position] = ()) -> Order:
         """The order a rung at ``stop_fraction`` ranks a sweep of ``kind`` by, and its error.
 
-        At the calibrated scale: the blend chosen for the kind (the member of a kind group with
-        the largest scale), measured leave-one-sweep-out. Off it (``positions``): the hardest of
-        that and the held-out groups analogous to each position (same axis, same side of the
-        calibrated range, held out at least as far, else the farthest): sweeps the predictor
-        never saw, so their order error *is* the off-scale error, measured. Where no analogous
-        group holds evidence, the order of the losses at the rung, whose error was measured
-        in-scale and needs no extrapolation of the predictor: never keep-everyone for lack of
-        calibration.
+        The evidence that applies: the kind's in-scale error (every member of a kind group),
+        measured leave-one-sweep-out, and off the calibrated scale (``positions``) the held-out
+        groups analogous to each position (same axis, same side of the calibrated range, held
+        out at least as far, else the farthest): sweeps the fit never saw, so their order error
+        *is* the off-scale error, measured. Two orders compete, each at its worst case over
+        that evidence: the blend ``hpo calibrate`` chose (the weight of the hardest entry) and
+        the losses at the rung; the one with the smaller ranking scale is used. Where no
+        evidence covers the predicted finals at a position (no group of the kind there, or a
+        scale at the :data:`NO_EVIDENCE` cap), only the losses compete: never keep-everyone for
+        lack of calibration. Neither measured: the losses, scale unknown (⌈n/rf⌉ kept).
 
         Example:
             >>> k = KindError((0.1,), (0.02,), (0.03,), (10,), (2,), agreement=(0.8,), loss_agreement=(0.9,),
@@ -326,22 +328,15 @@ class RankingError:
         """
         if not self.kinds:
             return Order(1.0, None, "no ranking error was measured")
+        s = stop_fraction
         members = KIND_GROUPS.get(kind, (kind,))
         in_bank = [k for k in members if k in self.kinds]
         measured = in_bank or list(self.kinds)
-
-        def hardest(table: Mapping[str, KindError], kinds: Sequence[str]) -> tuple[float, float, str, str]:
-            rows = [(table[k].order_at(stop_fraction), k) for k in kinds if k in table]
-            (w, sigma, words), k = max(rows, key=lambda row: row[0][1])
-            return w, sigma, words, k
-
-        w, sigma, words, k = hardest(self.kinds, measured)
-        label = (f"{k} sweeps ({self.source})" if k == kind else
-                 f"no {kind} sweeps in the calibration: the hardest measured kind ({k}, {self.source})" if not in_bank
-                 else f"{kind}: the hardest of {', '.join(measured)} ({k}, {self.source})")
-        if sigma >= NO_EVIDENCE:
-            return self._loss_fallback(stop_fraction, measured, f"{label}: no ranking evidence")
-        best = Order(w, sigma, f"{label}; {words}")
+        where = (f"{kind} sweeps ({self.source})" if in_bank == [kind] else
+                 f"no {kind} sweeps in the calibration: every measured kind ({self.source})" if not in_bank
+                 else f"{kind}: its kinds {', '.join(in_bank)} ({self.source})")
+        entries: list[tuple[KindError, str]] = [(self.kinds[k], f"{k} in-scale") for k in measured]
+        predicted_known = True
         for pos in positions:
             same = [g for g in self.cross_groups if g.position.axis == pos.axis and g.position.inside == pos.inside
                     and any(m in g.kinds for m in measured)]
@@ -349,35 +344,38 @@ class RankingError:
             if same and not far:
                 farthest = max(g.position.distance for g in same)
                 far = [g for g in same if g.position.distance == farthest]
-            evidence = []
-            for g in far:
-                gw, gs, gwords, gk = hardest(g.kinds, measured)
-                if gs < NO_EVIDENCE:
-                    evidence.append(Order(gw, gs, f"{gk} sweeps at {g.position.axis} {g.value:g}, never seen by the fit "
-                                                  f"({g.position.words()}; this sweep: {pos.distance:.2f}); {gwords}"))
-            if not same and self.cross_scale and any(m in self.cross_scale for m in measured):
-                # No held-out group on this axis (older files): the pooled cross-scale table.
-                cw, cs, cwords, ck = hardest(self.cross_scale, measured)
-                if cs < NO_EVIDENCE:
-                    evidence.append(Order(cw, cs, f"{ck} sweeps across scales ({self.cross_scale_source or 'cross-scale'}; "
-                                                  f"this sweep: {pos.words()}); {cwords}"))
-            if not evidence:
-                return self._loss_fallback(stop_fraction, measured, f"no held-out sweeps at {pos.words()} hold ranking "
-                                           "evidence for the predicted finals")
-            worst = max(evidence, key=lambda o: o.scale or 0.0)
-            if (worst.scale or 0.0) > (best.scale or 0.0):
-                best = worst
-        return best
-
-    def _loss_fallback(self, stop_fraction: float, kinds: Sequence[str], why: str) -> Order:
-        """The losses at the rung, with their in-scale scale (None when not measured either)."""
-        scales = [s for s in (self.kinds[k].loss_order_at(stop_fraction) for k in kinds if k in self.kinds)
-                  if s is not None and s < NO_EVIDENCE]
-        if not scales:
-            return Order(0.0, None, f"{why}; the losses' order error is not measured either: "
-                                    "ranking by the losses at the rung, keeping only the top ⌈n/rf⌉")
-        return Order(0.0, max(scales), f"{why}: ranking by the losses at the rung (their order error, "
-                                       f"measured {self.source})")
+            found = [(g.kinds[m], f"{m} at {g.position.axis} {g.value:g} held out ({g.position.words()})")
+                     for g in far for m in measured if m in g.kinds]
+            if not same and self.cross_scale:  # files without held-out groups: the pooled table
+                found = [(self.cross_scale[m], f"{m} across scales ({self.cross_scale_source or 'cross-scale'})")
+                         for m in measured if m in self.cross_scale]
+            if not found:
+                predicted_known = False
+                where += f"; nothing held out at {pos.words()}"
+            else:
+                where += f"; this sweep {pos.words()}"
+            entries += found
+        blend: Optional[Order] = None
+        rows = [(e.order_at(s), label) for e, label in entries]
+        (w, sigma, words), label = max(rows, key=lambda row: row[0][1])
+        if predicted_known and sigma < NO_EVIDENCE:
+            blend = Order(w, sigma, f"hardest: {label}, {words}")
+        loss_rows = [(e.loss_order_at(s), label) for e, label in entries]
+        loss_rows = [(v, label) for v, label in loss_rows if v is not None]
+        losses: Optional[Order] = None
+        if loss_rows:
+            value, label = max(loss_rows)
+            if value < NO_EVIDENCE:
+                losses = Order(0.0, value, f"losses at the rung, hardest: {label}")
+        if blend is not None and (losses is None or (blend.scale or 0.0) <= (losses.scale or 0.0)):
+            return Order(blend.weight, blend.scale, f"{where}; {blend.words}"
+                         + (f" (losses' scale {100 * (losses.scale or 0):.2f}%)" if losses else ""))
+        if losses is not None:
+            why = ("the predicted finals' order is not measured here" if blend is None else
+                   f"the losses' order is the better known here (predicted {100 * (blend.scale or 0):.2f}%)")
+            return Order(0.0, losses.scale, f"{where}; {why}: {losses.words}")
+        return Order(0.0, None, f"{where}; neither order's error is measured here: ranking by the losses at the "
+                                "rung, keeping only the top ⌈n/rf⌉")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kinds": {k: v.to_dict() for k, v in self.kinds.items()},
