@@ -22,7 +22,8 @@ Four measurements, each with the real CLI in real processes:
 commit before this work), for a before/after comparison.
 
 Usage: ``python benchmarks/reliability.py [--baseline REV] [--md benchmarks/reliability.md]``
-(about 15 minutes on 2 busy cores; twice that with a baseline).
+(about 15 minutes on 2 busy cores; twice that with a baseline). ``--only-bad-input`` reruns
+section 3 alone (about two minutes) into the existing report.
 """
 
 from __future__ import annotations
@@ -316,19 +317,45 @@ def render(results: dict[str, Any]) -> str:
                          f"{a['unreadable']} of {a['repeats']}", a["writer_failures"]])
     out += [markdown_table(["code", "processes × appends", "repeats", "runs kept", "runs lost", "bank unreadable",
                             "writers that failed"], rows), ""]
-    bad = results["bad_input"]
+    out += bad_input_section(results["bad_input"])
+    out += ["## Scheduler cost", ""] + scheduler_cost_section() + [""]
+    return "\n".join(out)
+
+
+def bad_input_section(bad: list[dict[str, Any]], note: str = "") -> list[str]:
+    """The bad-input table (section 3) as markdown lines."""
     holds = sum(not b["problems"] for b in bad)
-    out += ["## Bad input", "",
-            f"**{holds} of {len(bad)} cases** exit with status 2 and one line naming the field, file or value, "
-            "having written nothing (no output folder, no `mlflow.db`, no MLflow run; the case folder holds only "
-            "its input afterwards). The same cases are `tests/test_bad_input.py`; seconds include Python start-up, "
-            "four cases at a time.", ""]
+    out = ["## Bad input", "", *([note, ""] if note else []),
+           f"**{holds} of {len(bad)} cases** exit with status 2 and one line naming the field, file or value, "
+           "having written nothing (no output folder, no `mlflow.db`, no MLflow run; the case folder holds only "
+           "its input afterwards). The same cases are `tests/test_bad_input.py`; seconds include Python start-up, "
+           "four cases at a time.", ""]
     rows = [[b["what"], "`hpo " + " ".join(b["argv"]) + "`", b["returncode"], b["line"],
              "nothing" if not b["written"] else ", ".join(b["written"]), f"{b['seconds']:.1f}",
              "holds" if not b["problems"] else "; ".join(b["problems"])] for b in bad]
-    out += [markdown_table(["input", "command", "exit", "message", "written", "s", "contract"], rows), ""]
-    out += ["## Scheduler cost", ""] + scheduler_cost_section() + [""]
-    return "\n".join(out)
+    return out + [markdown_table(["input", "command", "exit", "message", "written", "s", "contract"], rows), ""]
+
+
+def _bad_input_rows(root: Path) -> list[dict[str, Any]]:
+    from bad_input_cases import run_all
+
+    bad = run_all(root)
+    return [{"name": o.case.name, "what": o.case.what, "argv": o.case.argv,
+             "returncode": o.returncode, "line": (o.lines or ["(nothing)"])[0][:160],
+             "written": o.written, "seconds": o.seconds, "problems": o.problems()}
+            for o in bad.values()]
+
+
+def refresh_bad_input(md: Path, work: Path) -> None:
+    """``--only-bad-input``: rerun the bad-input table (two minutes, no sweeps) and replace that
+    section and the scheduler-cost quote of an existing report; sections 1-2 stay as measured."""
+    bad = _bad_input_rows(work / "bad-input")
+    text = md.read_text()
+    head = text.split("## Bad input", 1)[0]
+    note = (f"Regenerated alone with `python benchmarks/reliability.py --only-bad-input` on {time.strftime('%Y-%m-%d')}"
+            " (the sections above are from the last full run).")
+    md.write_text(head + "\n".join(bad_input_section(bad, note) + ["## Scheduler cost", ""]
+                                   + scheduler_cost_section() + [""]) + "\n")
 
 
 def scheduler_cost_section(path: Path = REPO_ROOT / "benchmarks" / "scheduler_cost.md") -> list[str]:
@@ -347,10 +374,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--md", type=Path, default=REPO_ROOT / "benchmarks" / "reliability.md")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
     parser.add_argument("--appends", type=int, default=40, help="appends per process in the bank test")
+    parser.add_argument("--only-bad-input", action="store_true",
+                        help="rerun only the bad-input table (and quote the scheduler cost) into the existing --md")
     args = parser.parse_args(argv)
     began = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="reliability-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.only_bad_input:
+        refresh_bad_input(args.md, work)
+        print(f"wrote the bad-input section of {args.md} ({time.perf_counter() - began:.0f} s)")
+        return 0
     codes = [Code("this branch", REPO_ROOT)]
     if args.baseline:
         (work / "baseline").mkdir(exist_ok=True)
@@ -372,13 +405,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         results["appends"][code.label] = [concurrent_appends(module, code.root, 2, args.appends, 3),
                                           concurrent_appends(module, code.root, 2, 3, 6)]
     print("bad input ...", flush=True)
-    from bad_input_cases import run_all
-
-    bad = run_all(work / "bad-input")
-    results["bad_input"] = [{"name": o.case.name, "what": o.case.what, "argv": o.case.argv,
-                             "returncode": o.returncode, "line": (o.lines or ["(nothing)"])[0][:160],
-                             "written": o.written, "seconds": o.seconds, "problems": o.problems()}
-                            for o in bad.values()]
+    results["bad_input"] = _bad_input_rows(work / "bad-input")
     results["minutes"] = (time.perf_counter() - began) / 60
     results["when"] = time.strftime("%Y-%m-%d")
     results["args"] = (f" --baseline {args.baseline}" if args.baseline else "") + (
