@@ -120,7 +120,7 @@ class RungEntry:
     compute_fraction: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe({f.name: getattr(self, f.name) for f in fields(self)})
+        return _safe_fields(self, _field_names(type(self)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RungEntry":
@@ -275,10 +275,11 @@ class TrialRecord:
     def to_dict(self, with_history: bool = True) -> dict[str, Any]:
         # Field by field (not dataclasses.asdict, which deep-copies the whole curve even when
         # the snapshot leaves it out).
-        out = {f.name: getattr(self, f.name) for f in fields(self) if with_history or f.name != "history"}
+        names = _field_names(type(self))
+        out = _safe_fields(self, names if with_history else tuple(n for n in names if n != "history"))
         if self.controls is not None:
-            out["controls"] = self.controls.to_dict()
-        return json_safe(out)
+            out["controls"] = json_safe(self.controls.to_dict())
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrialRecord":
@@ -540,6 +541,32 @@ class HistoryLog:
         for rec in state.trials.values():
             if rec.status == "diverged" and rec.diverged_at is not None:
                 rec.last_train_fraction = max(rec.last_train_fraction, rec.diverged_at)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_PLAIN = (str, int, bool, type(None))
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+def _safe_fields(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """``json_safe`` of the named fields, with a fast path for the plain values most fields hold
+    (a 10,000-trial snapshot is ~1e6 of them, written at every rung decision)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(obj, name)
+        if type(value) in _PLAIN:
+            out[name] = value
+        elif type(value) is float:
+            out[name] = value if math.isfinite(value) else None
+        else:
+            out[name] = json_safe(value)
+    return out
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

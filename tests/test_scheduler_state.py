@@ -129,3 +129,26 @@ def test_controls_stay_typed_in_memory_and_round_trip_through_the_state_file(tmp
     back = SchedulerState.load(path)
     assert isinstance(back.trials["a"].controls, Controls) and back.trials["a"].controls == ctrl
     assert back.trials["b"].controls is None
+
+
+def test_snapshot_fast_path_writes_what_json_safe_writes() -> None:
+    # The snapshot of 10,000 trials is written at every rung decision: its fields take a fast
+    # path for plain values; the result must be json_safe's, value for value.
+    from dataclasses import fields as dc_fields
+
+    import numpy as np
+
+    from hpo.scheduler_state import RungEntry, TrialRecord
+    from predictors.controls import Controls
+    from predictors.io import json_safe
+
+    entry = RungEntry(trial_id="t1", train_fraction=0.2, smoothed_loss=float("nan"), n_points=3,
+                      predicted_final_loss=np.float32(2.5), uncertainty=float("inf"), late=True)
+    assert entry.to_dict() == json_safe({f.name: getattr(entry, f.name) for f in dc_fields(entry)})
+    rec = TrialRecord(trial_id="t1", order=0, config={"lr": np.float64(0.01), "nested": {"x": float("nan")}},
+                      status="running", history=[[0.1, 3.0]], latest_prediction={"final_loss": np.float32(2.0)})
+    rec.controls = Controls(0.3, 20.0)
+    for with_history in (True, False):
+        expected = {f.name: getattr(rec, f.name) for f in dc_fields(rec) if with_history or f.name != "history"}
+        expected["controls"] = rec.controls.to_dict()
+        assert rec.to_dict(with_history) == json_safe(expected)
