@@ -556,9 +556,10 @@ class CollapseScheduler(FIFOScheduler):
         decision = rules.decide([self._candidate(e) for e in participants], m, last=self._is_last(r),
                                 reduction_factor=self._rf)
         to_stop: list[TrialRecord] = []
+        kept = set(decision.kept)  # a membership test per participant: a set, not the list
         for e in participants:
             rec = self._state.trials[e.trial_id]
-            keep = e.trial_id in decision.kept
+            keep = e.trial_id in kept
             e.decision = self._words(r, keep, rec)
             reason = decision.reasons[e.trial_id]
             if e.predicted_final_loss is None:

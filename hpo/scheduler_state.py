@@ -278,7 +278,7 @@ class TrialRecord:
         names = _field_names(type(self))
         out = _safe_fields(self, names if with_history else tuple(n for n in names if n != "history"))
         if self.controls is not None:
-            out["controls"] = json_safe(self.controls.to_dict())
+            out["controls"] = _fast_safe(self.controls.to_dict())
         return out
 
     @classmethod
@@ -557,16 +557,27 @@ def _field_names(cls: type) -> tuple[str, ...]:
 def _safe_fields(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """``json_safe`` of the named fields, with a fast path for the plain values most fields hold
     (a 10,000-trial snapshot is ~1e6 of them, written at every rung decision)."""
-    out: dict[str, Any] = {}
-    for name in names:
-        value = getattr(obj, name)
-        if type(value) in _PLAIN:
-            out[name] = value
-        elif type(value) is float:
-            out[name] = value if math.isfinite(value) else None
-        else:
-            out[name] = json_safe(value)
-    return out
+    return {name: _fast_safe(getattr(obj, name)) for name in names}
+
+
+def _fast_safe(value: Any) -> Any:
+    """``json_safe(value)``, walking plain dicts and lists itself (a trial's config, its sweep
+    values and latest prediction are such); anything else goes to ``json_safe``."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                return json_safe(value)
+            out[key] = _fast_safe(item)
+        return out
+    if kind is list:
+        return [_fast_safe(item) for item in value]
+    return json_safe(value)
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -145,7 +145,8 @@ def test_snapshot_fast_path_writes_what_json_safe_writes() -> None:
     entry = RungEntry(trial_id="t1", train_fraction=0.2, smoothed_loss=float("nan"), n_points=3,
                       predicted_final_loss=np.float32(2.5), uncertainty=float("inf"), late=True)
     assert entry.to_dict() == json_safe({f.name: getattr(entry, f.name) for f in dc_fields(entry)})
-    rec = TrialRecord(trial_id="t1", order=0, config={"lr": np.float64(0.01), "nested": {"x": float("nan")}},
+    rec = TrialRecord(trial_id="t1", order=0, config={"lr": np.float64(0.01), "nested": {"x": float("nan"), 1: 2},
+                                                      "grid": [1.0, float("inf"), (1, 2), {"y": np.int64(3)}]},
                       status="running", history=[[0.1, 3.0]], latest_prediction={"final_loss": np.float32(2.0)})
     rec.controls = Controls(0.3, 20.0)
     for with_history in (True, False):
