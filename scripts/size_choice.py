@@ -1,0 +1,63 @@
+"""The leave-one-size-out part of a calibration alone: which size method ``hpo calibrate`` would
+ship for a calibration config and why, with each method's error per held-out size (issue 28).
+
+A full ``hpo calibrate`` also measures the leave-one-out, cross-scale and ranking errors (hundreds
+of refits on a large bank); this answers the first question in a few dozen refits, for a config
+such as ``configs/calibration/default_sizes.yaml`` before it is considered for shipping.
+
+Run::
+
+    python scripts/size_choice.py configs/calibration/default_sizes.yaml [--out runs/size_choice.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from hpo import held_out  # noqa: E402
+from hpo.calibrate import _banked_runs, _resolve, complete_curves, load_calibration_config  # noqa: E402
+from hpo.curve_bank import bank_curves, fill_epochs  # noqa: E402
+from predictors.io import atomic_write_json  # noqa: E402
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config")
+    p.add_argument("--out", default="runs/size_choice.json")
+    args = p.parse_args(argv)
+    config = load_calibration_config(args.config)
+    curves, _ = complete_curves(bank_curves(fill_epochs(_banked_runs(config, _resolve(config.bank)))))
+    base = {"t_min": config.fit.t_min, "fit_m": config.fit.fit_m, "fit_irreducible": config.fit.irreducible_loss}
+    refits = held_out.Refits(curves)
+    per_size, rows = {}, {}
+    for method in held_out.size_methods(base):
+        held = held_out.axis_predictions(curves, "leave-one-size-out", method=method, refits=refits,
+                                         extrapolate=False, progress=lambda m: print(f"  {m}", flush=True))
+        if held is None:
+            print(f"{args.config}: one model size; nothing to choose", file=sys.stderr)
+            return 2
+        per_size[method.name] = held_out.size_scores(held)
+        rows[method.name] = {f"{g.value:.0f}": {f"{s:g}": r for s, r in zip(held.fractions, g.rms())}
+                             for g in held.groups}
+    chosen, why = held_out.pick_within_noise(per_size)
+    for name, groups in rows.items():
+        print(f"{name}: score {100 * np.nanmean(list(per_size[name].values())):.2f}%")
+        for n, by_s in groups.items():
+            print(f"    N {n:>8}: RMS " + " / ".join(f"{100 * v:.2f}%" for v in by_s.values()))
+    print(f"chosen: {why}")
+    atomic_write_json(args.out, {"config": args.config, "n_curves": len(curves), "chosen": chosen, "why": why,
+                                 "rms_per_size": rows})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
