@@ -19,7 +19,8 @@ A calibration states how wrong a predicted final loss can be at a stop fraction 
 :func:`choose_size_method` predicts every size leave-one-size-out with the plain surrogate,
 the surrogate with a size term, and reference curves interpolated in log N (held, or
 extrapolated along the size term, beyond the calibrated sizes), and the calibration ships the
-one with the lowest error.
+simplest one unless a more complex one beats it by more than the noise of the comparison
+(:func:`pick_within_noise`).
 
 **Coverage** is the check of a stated interval: the fraction of held-out true finals inside
 prediction ± z·σ, with σ = L̂(T)·sqrt(residual² + e(s)²) as ``Predictor.predict_final`` states it
