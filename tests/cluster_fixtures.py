@@ -237,6 +237,10 @@ class MlflowServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> "MlflowServer":
+        return self.launch().wait()
+
+    def launch(self) -> "MlflowServer":
+        """Start the process without waiting for it (several servers come up side by side)."""
         self.root.mkdir(parents=True, exist_ok=True)
         log = open(self.root / "server.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -247,6 +251,11 @@ class MlflowServer:
             # MLflow's own defaults unless this server says otherwise (not a user's variable).
             env={k: v for k, v in service_env().items() if k != "MLFLOW_SERVER_ALLOWED_HOSTS"},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
+        return self
+
+    def wait(self) -> "MlflowServer":
+        """Block until the server answers /health (180 s at most)."""
+        assert self.process is not None, "launch() first"
         deadline = time.time() + 180
         while True:
             try:
