@@ -150,8 +150,13 @@ def test_an_occupied_output_dir_says_whether_resume_applies(tmp_path: Path) -> N
     from hpo.overrides import ConfigError
     from hpo.sweep import prepare_output, preflight_sweep
 
+    from hpo.sweep import STATE_FILE
+
     output = tmp_path / "out"
     prepare_output(load_sweep_config(data=tiny_sweep(output)))
+    # A start that failed before the scheduler or Ray saved anything: the same sweep may start again.
+    assert preflight_sweep(load_sweep_config(data=tiny_sweep(output))) == output
+    (output / STATE_FILE).write_text("{}")  # the scheduler saved its decisions: the sweep started
     before = sorted(p.name for p in output.iterdir())
     with pytest.raises(ConfigError, match=r"continue it with `hpo resume .*out`"):
         preflight_sweep(load_sweep_config(data=tiny_sweep(output)))
