@@ -318,8 +318,8 @@ def rung_margin(
     if not sigma:
         return Margin(0.0, 0.0, kind, f"order: {name}; {words}; its error unknown: margin 0, {tol_words}",
                       weight, tol_log, tol_loss)
-    return Margin(float(z) * sigma, sigma, kind, f"order: {name}; {z:g} × ranking scale {100 * sigma:.2f}% ({words}); "
-                  f"{tol_words}", weight, tol_log, tol_loss)
+    return Margin(float(z) * sigma, sigma, kind, f"order: {name}; {z:g} × ranking scale {100 * sigma:.2f}% "
+                  f"= {100 * float(z) * sigma:.2f}% ({words}), less the {tol_words}", weight, tol_log, tol_loss)
 
 
 # ---------------------------------------------------------------------- the keep rule

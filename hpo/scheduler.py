@@ -493,7 +493,8 @@ class CollapseScheduler(FIFOScheduler):
             entry.decision = self._words(r, keep, rec)
             entry.reason = ("late arrival: " if self._decision_mode != "async" else "") + reason
             entry.late, entry.decided_at, entry.compute_fraction = True, utc_now(), self.compute_fraction()
-            rung.margin, rung.margin_source, rung.kind, rung.order_weight = m.value, m.words, m.kind, m.weight
+            rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
+                                                                             m.kind, m.weight)
             if keep:
                 if rec.trial_id not in rung.survivors:
                     rung.survivors.append(rec.trial_id)
@@ -576,7 +577,8 @@ class CollapseScheduler(FIFOScheduler):
         rung.survivors = sorted(decision.kept, key=order.__getitem__)
         rung.n_keep = len(rung.survivors)
         rung.predicted_best, rung.current_best = decision.predicted_best, decision.current_best
-        rung.margin, rung.margin_source, rung.kind, rung.order_weight = m.value, m.words, m.kind, m.weight
+        # The margin as applied: z·σ less the tolerance (the words state both).
+        rung.margin, rung.margin_source, rung.kind, rung.order_weight = decision.margin, m.words, m.kind, m.weight
         logger.info("CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
                     fraction, self._decision_mode, rung.n_keep, len(participants), rung.survivors)
         # Losers are marked stopped before the decision is persisted: a driver killed between
