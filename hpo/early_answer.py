@@ -46,10 +46,9 @@ def format_early_answer(answer: dict[str, Any]) -> str:
         f"[bold green]Early answer at t̂ = {answer.get('rung')}[/bold green]: predicted best is "
         f"trial {answer.get('trial_id')}",
         f"  config: {config}",
-        *([f"  ranked by {answer['order']}"
-           + (" (the order hpo calibrate measured as no worse than the losses'" 
-              " for this kind of sweep)" if answer.get("order") != "losses at the rung" else
-              " (the order whose error is known here)")] if answer.get("order") else []),
+        *([f"  ranked by {answer['order']} (of the predicted finals and the losses at the",
+           "    rung, the order with the smaller measured error for this kind of sweep)"]
+          if answer.get("order") else []),
         *([f"  P(it is the best of the {answer.get('n_candidates')} trials ranked at this rung): {100 * p_best:.0f}%",
            "    (under the order's measured ranking error)"] if p_best is not None else
           ["  P(best): not stated (no ranking error was measured for this order)"]),

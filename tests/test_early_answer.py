@@ -54,6 +54,6 @@ def test_early_answer_says_which_order_it_used() -> None:
     # Issue 25: the answer names the order the rung ranked by (predicted finals, the losses at
     # the rung, or a blend) and why; without a measured ranking error it states no P(best).
     text = format_early_answer({**ANSWER, "order": "losses at the rung", "order_weight": 0.0})
-    assert "ranked by losses at the rung" in text and "error is known" in text
+    assert "ranked by losses at the rung" in text and "smaller measured error" in text
     text = format_early_answer({**ANSWER, "order": "predicted finals", "probability_best": None})
     assert "ranked by predicted finals" in text and "P(best): not stated" in text
