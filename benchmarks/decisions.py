@@ -371,6 +371,9 @@ def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, O
              f"Predictor: `{predictor_path}`. Final loss: {meta['final_loss']}.", ""]
     if missing:
         lines += ["Not scored (incomplete): " + "; ".join(missing), ""]
+    if meta.get("sigma_stand_in"):
+        lines += ["One seed per sweep here: σ_seed of " + ", ".join(meta["sigma_stand_in"]) + " is the predictor's "
+                  "measured seed noise (relative) times the kind's mean final, not measured on this bank.", ""]
     lines += ["## Targets", ""] + [f"- {t}" for t in targets(agg, rows, sigmas)] + [""]
     chosen = select_z(rows)
     lines += ["The rule that chose the shipped `margin_z` (`select_z`: with the default rungs and rf, the smallest z "
@@ -552,6 +555,12 @@ def replay_bank(config_path: str, predictor: Predictor, *, quick: bool, families
     kinds = list(dict.fromkeys(k[0] for k in complete))
     sigmas = {f: seed_noise(frame, [r for k, ids in complete.items() if k[0] == f for r in ids], finals=finals).std
               for f in kinds}
+    # A bank of one seed cannot measure its seed noise: the predictor's (relative, from the
+    # calibration's repeated seeds) times the kind's mean final stands in, and says so.
+    stand_in = [f for f in kinds if sigmas[f] is None and predictor.seed_noise is not None]
+    for f in stand_in:
+        mean_final = float(np.mean([finals[r] for k, ids in complete.items() if k[0] == f for r in ids]))
+        sigmas[f] = predictor.seed_noise * mean_final
     rows: list[Row] = []
     all_settings = settings(predictor, quick=quick)
     for i, (key, runs) in enumerate(sorted(complete.items())):
@@ -566,7 +575,7 @@ def replay_bank(config_path: str, predictor: Predictor, *, quick: bool, families
         if "n_params" in frame else []
     meta = {"bank": config.bank, "n_replicates": len(complete), "n_runs": len(points),
             "n_trials": max(len(v) for v in complete.values()), "kinds": kinds,
-            "seeds": sorted({k[1] for k in complete}), "n_params": n_params,
+            "seeds": sorted({k[1] for k in complete}), "n_params": n_params, "sigma_stand_in": stand_in,
             "tpp": config.trainer.get("tokens_per_param"), "final_loss": FINAL_LOSS_DEFINITION,
             "diagnostics": ranking_diagnostics(predictor, complete, points, finals)}
     return Bank(config_path, rows, aggregate(rows), sigmas, missing, meta)
