@@ -26,10 +26,10 @@ within z·σ of the predicted best: under the model each stopped trial had a cha
 Example:
     >>> table = RankingError(kinds={"lambda": KindError(stop_fractions=(0.1, 0.3),
     ...     scale=(0.02, 0.01), rms=(0.03, 0.015), n_pairs=(20, 20), n_groups=(4, 4))})
-    >>> round(table.scale_at(0.2, "lambda")[0], 4)
+    >>> round(table.order_at(0.2, "lambda").scale, 4)
     0.015
-    >>> table.scale_at(0.2, "eta_fixed_tau")[1]
-    'no eta_fixed_tau sweeps in the calibration: the largest measured ranking scale (lambda)'
+    >>> table.order_at(0.2, "eta_fixed_tau").words.split(":")[0]
+    'no eta_fixed_tau sweeps in the calibration'
 """
 
 from __future__ import annotations
@@ -252,59 +252,6 @@ class RankingError:
         object.__setattr__(self, "cross_groups", tuple(self.cross_groups))
         if self.cross_scale is not None:
             object.__setattr__(self, "cross_scale", dict(self.cross_scale))
-
-    def scale_at(self, stop_fraction: float, kind: str, *, off_scale: bool = False,
-                 positions: Sequence[Position] = ()) -> tuple[Optional[float], str]:
-        """(ranking scale σ at ``stop_fraction`` for a sweep of ``kind``, its source in words).
-
-        ``kind`` is one of :data:`SWEEP_KINDS` or :data:`KIND_GROUPS`; a group takes the largest
-        scale of its measured members. A kind the calibration did not measure falls back to the
-        largest measured scale (and says so). Off the calibrated scale (``positions``: where the
-        sweep's runs lie, or just ``off_scale``) the error of the analogous held-out groups
-        applies where it is larger (:meth:`_off_scale`). (None, why) when nothing was measured.
-        """
-        if not self.kinds:
-            return None, "no ranking error was measured"
-        members = KIND_GROUPS.get(kind, (kind,))
-        measured = [k for k in members if k in self.kinds]
-        if measured:
-            best = max(measured, key=lambda k: self.kinds[k].at(stop_fraction))
-            value = self.kinds[best].at(stop_fraction)
-            words = f"{best} sweeps ({self.source})" if kind == best else f"{kind}: largest of {best}"
-        else:
-            best = max(self.kinds, key=lambda k: self.kinds[k].at(stop_fraction))
-            value = self.kinds[best].at(stop_fraction)
-            words = f"no {kind} sweeps in the calibration: the largest measured ranking scale ({best})"
-        if off_scale or positions:
-            other = self._off_scale(stop_fraction, measured or [best], positions)
-            if other is not None and other[0] > value:
-                return other
-        return value, words
-
-    def _off_scale(self, s: float, kinds: Sequence[str], positions: Sequence[Position]) -> Optional[tuple[float, str]]:
-        """The largest scale of the held-out groups analogous to ``positions`` (same axis, same
-        side of the calibrated range, held out at least as far; the farthest measured when none
-        is as far), else of the pooled cross-scale table."""
-        found: list[tuple[float, str]] = []
-        for pos in positions:
-            same = [g for g in self.cross_groups if g.position.axis == pos.axis and g.position.inside == pos.inside
-                    and any(k in g.kinds for k in kinds)]
-            far = [g for g in same if g.position.distance >= pos.distance - 1e-9]
-            if same and not far:
-                farthest = max(g.position.distance for g in same)
-                far = [g for g in same if g.position.distance == farthest]
-            for g in far:
-                k = max((k for k in kinds if k in g.kinds), key=lambda k: g.kinds[k].at(s))
-                found.append((g.kinds[k].at(s), f"{k} sweeps at {g.position.axis} {g.value:g} held out "
-                              f"({g.position.words()}; this sweep: {pos.distance:.2f})"))
-        if found:
-            return max(found)
-        if self.cross_scale:
-            cross = [k for k in kinds if k in self.cross_scale]
-            if cross:
-                k = max(cross, key=lambda c: self.cross_scale[c].at(s))  # type: ignore[index]
-                return self.cross_scale[k].at(s), f"{k} sweeps across scales ({self.cross_scale_source or 'cross-scale'})"  # type: ignore[index]
-        return None
 
     def order_at(self, stop_fraction: float, kind: str, positions: Sequence[Position] = ()) -> Order:
         """The order a rung at ``stop_fraction`` ranks a sweep of ``kind`` by, and its error.

@@ -26,10 +26,16 @@ def test_unknown_kinds_and_bad_tables_are_refused() -> None:
 def test_cross_scale_scale_applies_off_scale_only_when_larger() -> None:
     small = KindError((0.1,), (0.01,), (0.01,), (10,), (2,))
     large = KindError((0.1,), (0.05,), (0.05,), (10,), (2,))
+    # A file without held-out groups (older calibrations): off the calibrated scale the pooled
+    # cross-scale table applies where it is the harder evidence.
+    from predictors.ranking import Position
+
+    off = [Position("tokens_per_param", False, 0.5)]
     table = RankingError({"lambda": small}, {"lambda": large}, cross_scale_source="leave-one-TPP-out")
-    assert table.scale_at(0.1, "lambda")[0] == 0.01
-    assert table.scale_at(0.1, "lambda", off_scale=True) == (0.05, "lambda sweeps across scales (leave-one-TPP-out)")
-    assert RankingError({"lambda": large}, {"lambda": small}).scale_at(0.1, "lambda", off_scale=True)[0] == 0.05
+    assert table.order_at(0.1, "lambda").scale == 0.01
+    order = table.order_at(0.1, "lambda", off)
+    assert order.scale == 0.05 and "lambda across scales (leave-one-TPP-out)" in order.words
+    assert RankingError({"lambda": large}, {"lambda": small}).order_at(0.1, "lambda", off).scale == 0.05
 
 
 def test_probit_scale_recovers_the_noise_of_the_order() -> None:
@@ -62,13 +68,13 @@ def test_off_scale_runs_get_the_error_of_analogous_held_out_groups() -> None:
               HeldOutGroup(80.0, Position("tokens_per_param", True, 0.916), {"lambda": k(0.03)}),
               HeldOutGroup(200.0, Position("tokens_per_param", False, 0.916), {"lambda": k(0.05)}))
     table = RankingError({"lambda": k(0.01)}, {"lambda": k(0.09)}, cross_groups=groups)
-    assert table.scale_at(0.3, "lambda")[0] == 0.01  # at a calibrated TPP
+    assert table.order_at(0.3, "lambda").scale == 0.01  # at a calibrated TPP
     inside = Position.of(40.0, [20, 80, 200], "tokens_per_param")
     assert inside.inside and inside.distance == pytest.approx(np.log(2))
-    value, words = table.scale_at(0.3, "lambda", positions=[inside])
-    assert value == 0.03 and "80 held out" in words
-    assert table.scale_at(0.3, "lambda", positions=[Position.of(400.0, [20, 80, 200], "tokens_per_param")])[0] == 0.09
-    assert table.scale_at(0.3, "lambda", positions=[Position("tokens_per_param", False, 2.3)])[0] == 0.09
+    order = table.order_at(0.3, "lambda", [inside])
+    assert order.scale == 0.03 and "80 held out" in order.words
+    assert table.order_at(0.3, "lambda", [Position.of(400.0, [20, 80, 200], "tokens_per_param")]).scale == 0.09
+    assert table.order_at(0.3, "lambda", [Position("tokens_per_param", False, 2.3)]).scale == 0.09
     assert Position.of(21.0, [20, 80], "tokens_per_param") is None  # within 10%: at the calibrated scale
     back = RankingError.from_dict(table.to_dict())
     assert back.cross_groups == table.cross_groups
