@@ -88,7 +88,9 @@ def _kill_condition(point: str) -> Callable[[dict[str, Any]], bool]:
             return False
         if point == "before any trial ends":
             ended = any(t["status"] in ("stopped", "completed", "diverged") for t in trials)
-            return not ended and any(len(t["history"]) >= 3 for t in trials)
+            # The snapshot keeps no curves (they are in scheduler_state.history.jsonl): a trial
+            # with reported progress is one that has trained a few steps.
+            return not ended and any((t.get("last_train_fraction") or 0) >= 0.03 for t in trials)
         if point == "right after the first decision":
             return bool(rungs[0]["decided"])
         # mid-sweep: the survivors are between the rungs
