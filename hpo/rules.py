@@ -45,7 +45,7 @@ import numpy as np
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS, rung_cut
 from predictors.io import finite_or_none
-from predictors.ranking import KIND_GROUPS, SWEEP_KINDS
+from predictors.ranking import KIND_GROUPS, SWEEP_KINDS, Order
 
 #: Fewest history points (up to and including the rung point) a prediction needs by default.
 DEFAULT_MIN_POINTS = 3
@@ -268,8 +268,6 @@ class Margin:
 
     @property
     def order(self) -> str:
-        from predictors.ranking import Order
-
         return Order(self.weight, None, "").name
 
 
@@ -314,7 +312,7 @@ def rung_margin(
     if margin != "calibrated":
         return Margin(float(margin), sigma or 0.0, kind, f"fixed margin {100 * float(margin):.2f}% on the predicted finals",
                       1.0, tol_log, tol_loss)
-    name = Margin(0, 0, kind, "", weight).order
+    name = Order(weight, None, "").name
     if not sigma:
         return Margin(0.0, 0.0, kind, f"order: {name}; {words}; its error unknown: margin 0, {tol_words}",
                       weight, tol_log, tol_loss)
@@ -431,7 +429,7 @@ def keep_rule(
     margin = 0.0 if within_tolerance else max(float(margin) - tolerance, 0.0)
     # A margin of 0 keeps exactly the rule's survivors, even on an exact tie.
     kept_all = n > 1 and margin > 0 and spread <= margin + 1e-12
-    by = "" if weight >= 1.0 else f" (ranked by {Margin(0, 0, '', '', weight).order})"
+    by = "" if weight >= 1.0 else f" (ranked by {Order(weight, None, '').name})"
     for i, c in enumerate(ranked):
         gap = score(c, weight) - score(best, weight)  # type: ignore[arg-type]
         place = f"predicted {_fmt(c)}{by} is {i + 1} of {n}"

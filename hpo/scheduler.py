@@ -680,7 +680,6 @@ class CollapseScheduler(FIFOScheduler):
         sigma = max(m.sigma, 1e-6) / math.sqrt(2)
         p_best = rules.probability_best([rules.score(self._candidate(e), weight) for e in ranked], [sigma] * len(ranked))
         probability = dict(zip([e.trial_id for e in ranked], p_best)).get(best.trial_id) if m.sigma else None
-        latest = ranked
         value_error = getattr(self._predictor, "relative_error", None)
         rec = self._state.trials[best.trial_id]
         try:
@@ -690,7 +689,7 @@ class CollapseScheduler(FIFOScheduler):
         self._state.early_answer = json_safe({
             "trial_id": best.trial_id, "config": rec.config, "predicted_final_loss": best.predicted_final_loss,
             "uncertainty": best.uncertainty, "value_error": e_value,
-            "probability_best": probability, "n_candidates": len(latest),
+            "probability_best": probability, "n_candidates": len(ranked),
             "margin": rung.margin, "margin_text": self.margin_text(r), "kind": rung.kind,
             "order": m.order, "order_weight": weight, "order_words": rung.margin_source,
             "kept_all": bool(rung.kept_all), "compute_fraction": self.compute_fraction(),
