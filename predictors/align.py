@@ -144,6 +144,21 @@ def reference_at(
     return inside, np.interp(t[inside], t_ref, l_ref)
 
 
+def window_divisor(loss: np.ndarray, ell: np.ndarray, in_window: np.ndarray, window: tuple[float, float],
+                   objective: str, name: str, covered: str = "covered by the reference") -> float:
+    """The alignment divisor over the points in ``in_window`` (:func:`align_divisor`), for the
+    residuals of a run against a reference (``collapse_residuals``, the monitor): at least 2
+    points, a finite positive divisor, else ``ValueError`` naming ``name`` and the window."""
+    n = int(in_window.sum())
+    if n < 2:
+        raise ValueError(f"{name}: the run needs at least 2 points in the alignment window "
+                         f"[{window[0]:.3g}, {window[1]:.3g}] ({covered}), got {n}")
+    divisor = align_divisor(loss[in_window], ell[in_window], objective)
+    if not math.isfinite(divisor) or divisor <= 0:
+        raise ValueError(f"{name}: alignment gave a non-finite divisor")
+    return divisor
+
+
 def collapse_residuals(
     t_hat: Any,
     loss: Any,
@@ -172,14 +187,7 @@ def collapse_residuals(
     inside, ref = reference_at(t, reference, controls, name="collapse_residuals")
     t_keep, y_keep = t[inside], y[inside]
     in_window = (t_keep >= lo) & (t_keep <= hi)
-    if int(in_window.sum()) < 2:
-        raise ValueError(
-            f"collapse_residuals: the run needs at least 2 points in the alignment window "
-            f"[{lo:.3g}, {hi:.3g}] (covered by the reference), got {int(in_window.sum())}"
-        )
-    divisor = align_divisor(y_keep[in_window], ref[in_window], objective)
-    if not math.isfinite(divisor) or divisor <= 0:
-        raise ValueError("collapse_residuals: alignment gave a non-finite divisor")
+    divisor = window_divisor(y_keep, ref, in_window, (lo, hi), objective, "collapse_residuals")
     return CollapseResiduals(t_keep, equations.normalized_loss(y_keep, divisor) - ref, divisor, (lo, hi), ref)
 
 

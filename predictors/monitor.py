@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from predictors.align import align_divisor, reference_at
+from predictors.align import reference_at, window_divisor
 from predictors.controls import Controls
 from predictors.normalize import check_curve
 
@@ -274,14 +274,8 @@ def monitor_curve(
     if t.size == 0 or t[-1] < hi:
         return MonitorResult(t, nan, nan, np.zeros(t.size, dtype=bool), math.nan, (lo, hi), "aligning")
     in_window = (t >= lo) & (t <= hi) & ~grace
-    if int(in_window.sum()) < 2:
-        raise ValueError(
-            f"monitor: the run needs at least 2 points in the alignment window [{lo:.3g}, {hi:.3g}] "
-            f"(covered by the reference, outside restart graces), got {int(in_window.sum())}"
-        )
-    divisor = align_divisor(y[in_window], ell[in_window], objective)
-    if not math.isfinite(divisor) or divisor <= 0:
-        raise ValueError("monitor: alignment gave a non-finite divisor")
+    divisor = window_divisor(y, ell, in_window, (lo, hi), objective, "monitor",
+                             "covered by the reference, outside restart graces")
     r = y / (divisor * ell) - 1.0
     judged = (t > hi) & ~grace
     center, scale = band.at(t)
