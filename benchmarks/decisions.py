@@ -71,7 +71,7 @@ from hpo.replay import current_best_at, run_points, seed_noise, true_finals  # n
 from hpo.tables import markdown_table  # noqa: E402
 from predictors import Predictor  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
-from predictors.ranking import SWEEP_KINDS  # noqa: E402
+from predictors.kinds import SWEEP_KINDS  # noqa: E402
 
 BUDGETS = (0.2, 0.3, 0.4)
 #: The families where curves cross (τ varies within the sweep).

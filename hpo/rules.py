@@ -45,7 +45,8 @@ import numpy as np
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS, rung_cut
 from predictors.io import finite_or_none
-from predictors.ranking import KIND_GROUPS, SWEEP_KINDS, Order
+from predictors.kinds import KIND_GROUPS, SWEEP_KINDS, kind_axes
+from predictors.ranking import Order
 
 #: Fewest history points (up to and including the rung point) a prediction needs by default.
 DEFAULT_MIN_POINTS = 3
@@ -159,7 +160,7 @@ def _varies(values: Sequence[Optional[Any]]) -> Optional[bool]:
 
 def sweep_kind(trials: Sequence[Mapping[str, Any]]) -> str:
     """The kind of sweep these trials form (their :func:`sweep_values`): one of
-    ``predictors.ranking.SWEEP_KINDS``, or a broader group of ``KIND_GROUPS`` when the values
+    ``predictors.kinds.SWEEP_KINDS``, or a broader group of ``KIND_GROUPS`` when the values
     do not pin one down (several of η, B, λ vary, or they are not reported).
 
     Example:
@@ -194,14 +195,6 @@ def sweep_kind(trials: Sequence[Mapping[str, Any]]) -> str:
     return "varying_tau"
 
 
-#: For each kind: the sweep value that varies, and the values held fixed.
-_KIND_AXES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "eta_fixed_tau": ("eta", ("tau", "batch_size")),
-    "batch_fixed_tau": ("batch_size", ("tau", "eta")),
-    "batch_fixed_lambda": ("batch_size", ("weight_decay", "eta")),
-    "lambda": ("weight_decay", ("batch_size", "eta")),
-    "eta_fixed_lambda": ("eta", ("weight_decay", "batch_size")),
-}
 #: Values that every member of one sweep shares, whatever its kind.
 _SHARED = ("tokens_per_param", "n_params", "schedule", "seed", "data_seed")
 
@@ -229,7 +222,7 @@ def kind_groups(items: Mapping[str, Mapping[str, Any]], kind: str) -> list[list[
     ``data_seed``): groups of ≥ 2 ids that share everything the kind holds fixed (and TPP, N,
     schedule and seeds) and differ in the value it varies. Each group is sorted; groups are
     sorted by their first id."""
-    varied, fixed = _KIND_AXES[kind]
+    varied, fixed = kind_axes(kind)
     ids = sorted(items)
     keys = list(dict.fromkeys([*fixed, *_SHARED, varied]))
     labels = {k: _clusters([items[i].get(k) for i in ids]) for k in keys}

@@ -16,7 +16,7 @@ the sweep varies. ``hpo calibrate`` therefore measures, on held-out predictions,
   wide, conservative scales. Unlike ``rms`` it is not inflated when far-apart trials end
   even further apart, which never changes an order;
 
-for each *kind* of sweep (:data:`SWEEP_KINDS`), because the order is harder to predict
+for each *kind* of sweep (``predictors.kinds``), because the order is harder to predict
 when the curves cross (τ varies) than when they share one normalised shape (fixed τ).
 
 The scheduler's keep rule (``hpo.rules``) keeps every trial whose predicted log-final is
@@ -39,23 +39,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-#: The kinds of sweep the ranking error is measured for: what varies, and what is held fixed.
-SWEEP_KINDS: dict[str, str] = {
-    "eta_fixed_tau": "η at fixed τ (λ re-derived)",
-    "batch_fixed_tau": "B at fixed τ (λ re-derived)",
-    "batch_fixed_lambda": "B at fixed λ (τ grows with B)",
-    "lambda": "λ at fixed B and η (τ varies)",
-    "eta_fixed_lambda": "η at fixed λ (τ falls as η grows)",
-}
-#: Broader kinds, for sweeps whose controls do not pin one kind down (both η and B vary, or
-#: the sweep values are not reported): the largest error of their member kinds applies.
-KIND_GROUPS: dict[str, tuple[str, ...]] = {
-    "fixed_tau": ("eta_fixed_tau", "batch_fixed_tau"),
-    "fixed_lambda": ("batch_fixed_lambda", "eta_fixed_lambda"),
-    "varying_tau": ("batch_fixed_lambda", "lambda", "eta_fixed_lambda"),
-    "mixed": tuple(SWEEP_KINDS),
-}
-
+from predictors.kinds import KIND_GROUPS, SWEEP_KINDS  # the table of kinds lives in predictors.kinds
 
 @dataclass(frozen=True)
 class KindError:
