@@ -27,6 +27,13 @@ N and TPP are both off (a fixed token budget moves both by the same log distance
 larger of the two excesses, not their sum; τ adds. τ = ∞ (no weight decay) against a bank of
 finite τ is beyond every distance: the largest error held out across τ applies (a lower
 bound, said so).
+
+The order of a sweep off the calibrated scale (``predictors.ranking.RankingError.order_at``)
+selects its held-out groups the same way (``Position.analogous``: same axis, same side of the
+range) but keeps a different rule on purpose: its scale is the keep margin, where an
+understated error stops the best trial, so it takes the worst case of the groups held out at
+least as far, from one entry that also gives the blend weight; this error is a band stated to
+the user, which must be about the size of the errors, so it is the RMS trend at the distance.
 """
 
 from __future__ import annotations
@@ -125,7 +132,7 @@ def axis_error(
     if not on_axis:
         return None
     side = "inside" if position.inside else "beyond"
-    same = [g for g in on_axis if g.position.inside == position.inside]
+    same = [g for g in on_axis if position.analogous(g.position)]
     note = ""
     if not same:
         same = on_axis

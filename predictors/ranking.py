@@ -166,6 +166,15 @@ class Position:
     inside: bool
     distance: float
 
+    def analogous(self, other: "Position") -> bool:
+        """Whether a group held out at ``other`` is in the same situation as a run here: the
+        same axis, and the same side of the calibrated range (inside it, an interpolation, or
+        beyond it, an extrapolation). The one selection both off-scale rules share
+        (``predictors.distance.axis_error`` for the decision error, :meth:`RankingError.order_at`
+        for the order's); what each does with the groups it selects differs on purpose (their
+        docstrings say why)."""
+        return other.axis == self.axis and other.inside == self.inside
+
     def words(self) -> str:
         return (f"{'inside' if self.inside else 'outside'} the calibrated {self.axis} range, "
                 f"{self.distance:.2f} in log from the nearest calibrated value")
@@ -251,6 +260,17 @@ class RankingError:
         scale at the :data:`NO_EVIDENCE` cap), only the losses compete: never keep-everyone for
         lack of calibration. Neither measured: the losses, scale unknown (⌈n/rf⌉ kept).
 
+        Why this is not the decision error's rule (``predictors.distance``), though both select
+        the held-out groups by :meth:`Position.analogous`: the decision error states the size
+        of the error of one predicted final (a band the user reads, and the size choice
+        compares), so it is the RMS the groups show at the run's distance (a trend in d², axes
+        adding in variance); a worst case there made bands 5–18× the errors (issue 28). This
+        scale is the keep margin, where understating it stops the best trial and overstating it
+        only keeps more: the worst case of the groups held out at least as far is the safe
+        side, and one entry (the hardest) must supply both the scale and the blend weight, so
+        positions do not add; a probit scale per kind also has too few groups per side to fit
+        a trend to (the held-out groups of this table record no side, so none is matched).
+
         Example:
             >>> k = KindError((0.1,), (0.02,), (0.03,), (10,), (2,), agreement=(0.8,), loss_agreement=(0.9,),
             ...               loss_scale=(0.01,), weight=(0.0,), order_agreement=(0.9,), order_scale=(0.01,))
@@ -269,8 +289,7 @@ class RankingError:
         entries: list[tuple[KindError, str]] = [(self.kinds[k], f"{k} in-scale") for k in measured]
         predicted_known = True
         for pos in positions:
-            same = [g for g in self.cross_groups if g.position.axis == pos.axis and g.position.inside == pos.inside
-                    and any(m in g.kinds for m in measured)]
+            same = [g for g in self.cross_groups if pos.analogous(g.position) and any(m in g.kinds for m in measured)]
             far = [g for g in same if g.position.distance >= pos.distance - 1e-9]
             if same and not far:
                 farthest = max(g.position.distance for g in same)

@@ -54,3 +54,25 @@ def test_a_run_above_the_calibrated_sizes_gets_the_errors_held_out_above():
                            pos, {"n_params": "above"})[0]
     assert 0.02 < both < 0.08
     assert ErrorGroup.from_dict(groups[0].to_dict()) == groups[0]
+
+
+def test_both_off_scale_rules_take_only_groups_on_the_same_side_of_the_range():
+    # Held out beyond the calibrated sizes: 2%; interpolated inside them: 8%. A run beyond gets
+    # the error of the extrapolations, from the decision error and from the order's scale alike.
+    from predictors.ranking import HeldOutGroup, KindError, RankingError
+
+    beyond, inside = Position("n_params", False, 0.8), Position("n_params", True, 0.8)
+    groups = [ErrorGroup("held out", 1.0, beyond, 2, (0.02, 0.02), (0.0, 0.0)),
+              ErrorGroup("held out", 2.0, inside, 2, (0.08, 0.08), (0.0, 0.0))]
+    assert off_scale_error(groups, FRACTIONS, 0.1, E_IN, [Position("n_params", False, 0.5)])[0] < 0.02
+
+    def kind(scale: float) -> dict[str, KindError]:
+        return {"lambda": KindError(FRACTIONS, (scale, scale), (scale, scale), (10, 10), (2, 2))}
+
+    table = RankingError(kind(0.01), cross_groups=(HeldOutGroup(1.0, beyond, kind(0.02)),
+                                                   HeldOutGroup(2.0, inside, kind(0.08))))
+    assert table.order_at(0.1, "lambda", [Position("n_params", False, 0.5)]).scale == pytest.approx(0.02)
+    assert table.order_at(0.1, "lambda", [Position("n_params", True, 0.5)]).scale == pytest.approx(0.08)
+    # The rules differ on purpose beyond that: the order takes the worst group held out at least
+    # as far (a keep margin), the decision error the RMS trend at the distance (a stated band).
+    assert Position("n_params", False, 0.5).analogous(beyond) and not beyond.analogous(inside)
