@@ -18,11 +18,10 @@ from ray import tune
 
 from hpo.curve_bank import append_runs, curve_frame, load_bank, run_id_of
 from hpo.trainable import CollapseTrainable, short_trial_dirname
+from predictors import run_keys
 
-# The run-level columns a banked curve keeps from its last result.
-RUN_KEYS = ("run_id", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
-            "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
-            "seq_len", "seed", "data_seed", "corpus_hash", "config_json", "vocab_size", "epochs")
+# The run-level columns a banked curve keeps from its last result (the table: predictors.run_keys).
+RUN_KEYS = run_keys.names(banked=True, from_result=True)
 
 
 def run_reference_curves(

@@ -40,17 +40,15 @@ import numpy as np
 import pandas as pd
 
 from hpo.errors import InputError
+from predictors import run_keys
 from predictors.io import atomic_write_with
 from trainers.corpus import BYTE_VOCAB_SIZE, corpus_hash_of, training_tokens
 
-RUN_COLUMNS = (
-    "run_id", "sweep", "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction",
-    "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers",
-    "seq_len", "seed", "data_seed", "corpus_hash", "status", "config_json",
-)
+#: The bank's columns, from the table of a run's keys (predictors.run_keys).
+RUN_COLUMNS = run_keys.names(banked=True, bank_default=None)
 #: Run columns added later, with what a bank written before them is read as.
-OPTIONAL_RUN_COLUMNS: dict[str, Any] = {"vocab_size": 256, "epochs": float("nan")}
-POINT_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
+OPTIONAL_RUN_COLUMNS: dict[str, Any] = run_keys.bank_defaults()
+POINT_COLUMNS = run_keys.names(point=True)
 
 
 class CurveBankError(InputError):

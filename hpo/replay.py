@@ -58,25 +58,20 @@ from ray import tune
 
 from hpo import rules
 from hpo.curve_bank import load_bank
+from predictors import run_keys
 from predictors.curves import rung_cut
 from predictors.smoothing import final_loss
 
 #: Keys every replayed result carries (the contract of docs/design.md plus our trainer's extras).
-REPORT_KEYS = (
-    "loss", "train_fraction", "tau", "tokens_per_param", "schedule", "warmup_fraction",
-    "decay_fraction", "n_params", "total_tokens", "batch_size", "eta", "weight_decay", "seed",
-    "data_seed", "step", "tokens", "train_loss", "smoothed_loss", "val_loss", "lr", "diverged",
-    "status", "run_id",
-)
+_REPLAYED_CONTROLS = run_keys.names(reported=True, banked=True)  # the table: predictors.run_keys
+_POINT_KEYS = run_keys.names(point=True)
+REPORT_KEYS = ("loss", "train_fraction", *_REPLAYED_CONTROLS, *(k for k in _POINT_KEYS if k != "train_fraction"),
+               "diverged", "status", "run_id")
 #: Run columns that identify a configuration (same values = same configuration, other seed).
-CONFIG_COLUMNS = (
-    "tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction", "n_params",
-    "total_tokens", "batch_size", "eta", "weight_decay", "d_model", "n_layers", "seq_len",
-)
+CONFIG_COLUMNS = run_keys.names(config=True)
 
-_INT_KEYS = ("n_params", "total_tokens", "batch_size", "seed", "data_seed", "step", "tokens")
-_FLOAT_KEYS = ("tau", "tokens_per_param", "warmup_fraction", "decay_fraction", "eta", "weight_decay",
-               "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
+_INT_KEYS = run_keys.names(type=int) + run_keys.names(point=True, type=int)
+_FLOAT_KEYS = run_keys.names(type=float) + run_keys.names(point=True, type=float)
 
 # One bank per path per process (an actor replays many trials with reuse_actors=True).
 _BANK_CACHE: dict[tuple[str, float], pd.DataFrame] = {}
@@ -120,8 +115,7 @@ def run_points(frame: pd.DataFrame, run_id: str, loss_column: str = "smoothed_lo
     first = rows.iloc[0]
     status = str(first["status"])
     controls: dict[str, Any] = {"run_id": str(run_id), "status": status}
-    for key in ("tau", "tokens_per_param", "schedule", "warmup_fraction", "decay_fraction", "n_params",
-                "total_tokens", "batch_size", "eta", "weight_decay", "seed", "data_seed"):
+    for key in _REPLAYED_CONTROLS:
         value = _py(first[key])
         if key in _INT_KEYS:
             value = int(value) if value is not None and not pd.isna(value) else -1
@@ -134,8 +128,7 @@ def run_points(frame: pd.DataFrame, run_id: str, loss_column: str = "smoothed_lo
     t_hat = rows["train_fraction"].to_numpy(dtype=float)
     keep = np.isfinite(loss) & (t_hat > 0)
     points: list[dict[str, Any]] = []
-    columns = {c: rows[c].to_numpy() for c in ("step", "tokens", "train_fraction", "train_loss",
-                                                 "smoothed_loss", "val_loss", "lr")}
+    columns = {c: rows[c].to_numpy() for c in _POINT_KEYS}
     for i in np.flatnonzero(keep):
         point = dict(controls)
         for c, values in columns.items():

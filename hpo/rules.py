@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from predictors import run_keys
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS, rung_cut
 from predictors.io import finite_or_none
@@ -61,7 +62,7 @@ DEFAULT_MARGIN_Z = 0.25
 #: recomputed per run, and D is rounded to whole steps).
 SAME_VALUE_TOLERANCE = 0.01
 #: Keys of a trial's sweep values (:func:`sweep_values`).
-SWEEP_VALUE_KEYS = ("eta", "batch_size", "weight_decay", "tau", "tokens_per_param", "n_params", "schedule")
+SWEEP_VALUE_KEYS = run_keys.names(sweep_value=True)  # the table: predictors.run_keys
 
 
 # ---------------------------------------------------------------------- the prediction

@@ -46,15 +46,12 @@ from ray import tune
 
 from hpo.errors import InputError
 from hpo.tracking_uri import sqlite_path, strip_credentials
+from predictors import run_keys
 from predictors.io import atomic_write_json, dumps
 
 # Result keys logged as step metrics, and the params logged once per trial.
 STEP_METRICS = ("loss", "train_loss", "val_loss", "lr", "train_fraction", "predicted_final_loss")
-TRIAL_PARAMS = (
-    "eta", "eta_hidden", "batch_size", "weight_decay", "lambda_hidden", "tau",
-    "tokens_per_param", "n_params", "total_tokens", "schedule", "warmup_fraction", "seed",
-    "data_seed",
-)
+TRIAL_PARAMS = run_keys.names(param=True)  # the table: predictors.run_keys
 IDS_FILE = "mlflow_runs.json"
 #: Parent-run tag holding the Ray Job id of a sweep submitted with ``hpo submit``.
 JOB_TAG = "collapse_hpo.job_id"

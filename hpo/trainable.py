@@ -31,6 +31,7 @@ from ray import tune
 
 from hpo.sweep_config import merge_trial
 from predictors.io import atomic_write_json
+from predictors.run_keys import KEY_TYPES, names
 from trainers.config import TrainConfig
 from trainers.train import CHECKPOINT_FILE, Trainer
 
@@ -49,26 +50,23 @@ def short_trial_dirname(trial: Any) -> str:
     return f"{trial.trainable_name}_{trial.trial_id}"
 
 
+#: The keys of every report that say which run it is (the table: predictors.run_keys).
+REPORTED_KEYS = names(reported=True)
+
+
 def report_controls(trainer: Trainer) -> dict[str, Any]:
-    """The constant part of every report: the run's controls, flat."""
+    """The constant part of every report: the run's controls, flat (the keys, their order and
+    types: ``predictors.run_keys``, ``reported``)."""
     config: TrainConfig = trainer.config
     controls = trainer.controls
-    return {
-        "tau": float(controls.tau),
-        "tokens_per_param": float(config.tokens_per_param),
-        "schedule": str(config.schedule),
-        "warmup_fraction": float(config.warmup_fraction),
-        "decay_fraction": float(config.decay_fraction),
-        "n_params": int(controls.n_params),
-        "total_tokens": int(controls.total_tokens),
-        "batch_size": int(config.batch_size),
-        "eta": float(config.lr),
-        "eta_hidden": float(controls.eta_hidden),
-        "weight_decay": float(controls.weight_decay),
-        "lambda_hidden": float(controls.lambda_hidden),
-        "seed": int(config.seed),
-        "data_seed": int(config.data.data_seed),
+    values = {
+        "tau": controls.tau, "tokens_per_param": config.tokens_per_param, "schedule": config.schedule,
+        "warmup_fraction": config.warmup_fraction, "decay_fraction": config.decay_fraction,
+        "n_params": controls.n_params, "total_tokens": controls.total_tokens, "batch_size": config.batch_size,
+        "eta": config.lr, "eta_hidden": controls.eta_hidden, "weight_decay": controls.weight_decay,
+        "lambda_hidden": controls.lambda_hidden, "seed": config.seed, "data_seed": config.data.data_seed,
     }
+    return {name: KEY_TYPES[name](values[name]) for name in REPORTED_KEYS}
 
 
 def read_progress(directory: Path) -> Optional[dict[str, Any]]:

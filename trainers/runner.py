@@ -23,11 +23,12 @@ import torch
 import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from predictors import run_keys
 from predictors.io import atomic_write_json, atomic_write_text
 from trainers.config import TrainConfig, load_train_config
 from trainers.train import Trainer, optimizer_kind
 
-CURVE_COLUMNS = ("step", "tokens", "train_fraction", "train_loss", "smoothed_loss", "val_loss", "lr")
+CURVE_COLUMNS = run_keys.names(point=True)  # the table: predictors.run_keys
 
 
 def _last_finite(history: list[dict[str, Any]], key: str) -> float:
