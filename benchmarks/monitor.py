@@ -14,7 +14,9 @@ faults: not done here (see README).
 
 from __future__ import annotations
 
+import argparse
 import glob
+import json
 import time
 import warnings
 from pathlib import Path
@@ -106,12 +108,11 @@ def faults():
     yield "spike +20% at 0.5, recovers in 0.02", 0.5, lambda t: 1 + 0.2 * np.clip(1 - (t - 0.5) / 0.02, 0, 1) * (t >= 0.5)
 
 
-def main() -> None:
-    started = time.time()
-    warnings.simplefilter("ignore")
-    predictor = Predictor.load(default_predictor_path())
-    band = predictor.monitor_band
-    prov = predictor.provenance
+NAMES = ["collapse monitor", *PEERS, "smoothed loss above own trend"]
+
+
+def load_runs(prov: dict) -> list:
+    """(bank, rows, controls, in calibrated range, smoothing window) of every completed banked curve."""
     runs = []
     for path in sorted(glob.glob("configs/calibration/*_bank.parquet")):
         frame = load_bank(path)
@@ -120,55 +121,167 @@ def main() -> None:
             if first["status"] != "completed":
                 continue
             rows = rows.sort_values("train_fraction")
-            keep = (rows["train_fraction"] > 0) & np.isfinite(rows["train_loss"])
-            rows = rows[keep]
+            rows = rows[(rows["train_fraction"] > 0) & np.isfinite(rows["train_loss"])]
             in_range = (float(first["n_params"]) in [float(x) for x in prov.get("model_sizes", [])]
                         and float(first["tokens_per_param"]) in [float(x) for x in prov.get("tokens_per_param", [])]
                         and first["schedule"] == "linear")
-            runs.append((Path(path).stem.replace("_bank", ""), rows, Controls.from_mapping(first.to_dict()), in_range,
+            controls = Controls.from_mapping(first.to_dict())
+            controls = Controls(controls.tau, controls.tokens_per_param, controls.schedule, float(first["n_params"]))
+            runs.append((Path(path).stem.replace("_bank", ""), rows, controls, in_range,
                          smoothing_window_of(first.to_dict())))
-    names = ["collapse monitor", *PEERS, "smoothed loss above own trend"]
-    clean_alarms = {n: [0, 0] for n in names}  # [in range, others]
-    detect = {}
+    return runs
+
+
+def detections(t, raw, tokens, window, controls, predictor, factor) -> dict:
+    """First alarm t̂ (or None) of every detector on one run with ``factor`` multiplied in."""
+    y = raw * factor(t)
+    s = trailing_mean(tokens, y, window)
+    return {"collapse monitor": monitor_curve(t, s, predictor, controls, band=predictor.monitor_band).first_alarm,
+            **{n: f(t, y) for n, f in PEERS.items()}, "smoothed loss above own trend": trend(t, s)}
+
+
+def collect(predictor: Predictor, runs: list) -> dict:
+    """{"clean": {detector: [alarm t̂ per run]}, fault label: {...}, "in_range": [bool per run]}."""
+    out: dict = {"in_range": [bool(r[3]) for r in runs]}
+    cases = [("clean", None, lambda x: np.ones_like(x))] + list(faults())
     for bank, rows, controls, in_range, window in runs:
         t = rows["train_fraction"].to_numpy(float)
         raw = rows["train_loss"].to_numpy(float)
         tokens = rows["tokens"].to_numpy(float)
-        controls = Controls(controls.tau, controls.tokens_per_param, controls.schedule, float(rows["n_params"].iloc[0]))
-        cases = [("clean", None, lambda x: np.ones_like(x))] + list(faults())
-        for label, start, factor in cases:
-            y = raw * factor(t)
-            s = trailing_mean(tokens, y, window)
-            res = {"collapse monitor": monitor_curve(t, s, predictor, controls, band=band).first_alarm,
-                   **{n: f(t, y) for n, f in PEERS.items()}, "smoothed loss above own trend": trend(t, s)}
-            for n, when in res.items():
-                if label == "clean":
-                    clean_alarms[n][0 if in_range else 1] += when is not None
-                else:
-                    detect.setdefault((label, n), []).append(None if when is None or when < start else when - start)
-    n_in = sum(r[3] for r in runs)
+        for label, _, factor in cases:
+            for n, when in detections(t, raw, tokens, window, controls, predictor, factor).items():
+                out.setdefault(label, {}).setdefault(n, []).append(when)
+    return out
+
+
+def summary(results: dict) -> dict:
+    """Per fault and detector: (share detected after the start, mean delay of those)."""
+    table = {}
+    for label, start, _ in faults():
+        for n in NAMES:
+            d = [None if w is None or w < start else w - start for w in results[label][n]]
+            hit = [x for x in d if x is not None]
+            table[(label, n)] = (len(hit) / len(d), float(np.mean(hit)) if hit else None)
+    return table
+
+
+def markdown(results: dict, band, seconds: float, extra: list[str]) -> str:
+    in_range = np.asarray(results["in_range"])
+    n_in, n_all = int(in_range.sum()), in_range.size
     lines = ["# Collapse-residual monitor benchmark (issue 26)", "",
-             f"`python benchmarks/monitor.py` ({time.time() - started:.0f} s). {len(runs)} completed banked curves "
+             f"`python benchmarks/monitor.py` ({seconds:.0f} s). {n_all} completed banked curves "
              f"({n_in} in the shipped predictor's calibrated range: N and TPP it was calibrated at, linear schedule). "
              f"Monitor: shipped predictor, band of {band.n_curves} runs, rule |r − c| > {band.rule.z:g}σ for "
              f"≥ {band.rule.span:g} of t̂, alignment window 0.15–0.30.", "",
+             "![detection rate and delay per fault, and an example residual](monitor.png)", "",
              "## False alarms on clean curves", "", "| detector | in range | others |", "|---|---|---|"]
-    for n in names:
-        a, b = clean_alarms[n]
-        lines.append(f"| {n} | {a}/{n_in} | {b}/{len(runs) - n_in} |")
+    for n in NAMES:
+        alarmed = np.asarray([w is not None for w in results["clean"][n]])
+        lines.append(f"| {n} | {int((alarmed & in_range).sum())}/{n_in} | {int((alarmed & ~in_range).sum())}/{n_all - n_in} |")
     lines += ["", "## Injected faults: detected (share of runs) and mean delay in t̂ after the fault starts", "",
-              "| fault | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+              "| fault | " + " | ".join(NAMES) + " |", "|---|" + "---|" * len(NAMES)]
+    table = summary(results)
     for label, _, _ in faults():
         cells = []
-        for n in names:
-            d = detect[(label, n)]
-            hit = [x for x in d if x is not None]
-            cells.append(f"{100 * len(hit) / len(d):.0f}%" + (f", {np.mean(hit):.2f}" if hit else ""))
+        for n in NAMES:
+            share, delay = table[(label, n)]
+            cells.append(f"{100 * share:.0f}%" + (f", {delay:.2f}" if delay is not None else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "A fault caught before it starts (an alarm at t̂ < start) counts as not detected.",
-              "Real faults made with the trainer: not done (CPU time; see README)."]
-    OUT.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines += ["", "A fault caught before it starts (an alarm at t̂ < start) counts as not detected. Megatron, Foundry and "
+              "Lightning detect none of these faults (no bars in the figure).", *extra]
+    return "\n".join(lines) + "\n"
+
+
+def figure(results: dict, predictor: Predictor, runs: list, path: Path) -> None:
+    """Left: detection rate per fault and detector; middle: mean delay; right: one example residual."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = summary(results)
+    labels = [label for label, _, _ in faults()]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2), dpi=100, gridspec_kw={"width_ratios": [1.2, 1.2, 1.0]})
+    y = np.arange(len(labels))
+    h = 0.8 / len(NAMES)
+    for k, n in enumerate(NAMES):
+        share = [100 * table[(lb, n)][0] for lb in labels]
+        delay = [table[(lb, n)][1] if table[(lb, n)][1] is not None else np.nan for lb in labels]
+        style = {"color": "k"} if n == "collapse monitor" else {"color": f"C{k}"}
+        axes[0].barh(y + (k - len(NAMES) / 2) * h, share, h, label=n, **style)
+        axes[1].barh(y + (k - len(NAMES) / 2) * h, delay, h, **style)
+    for ax, title in ((axes[0], "detected (% of runs)"), (axes[1], "mean delay after the fault starts (t̂)")):
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[1].set_yticklabels([])
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(NAMES), fontsize=8, frameon=False)
+    _example(axes[2], predictor, runs)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _example(ax, predictor: Predictor, runs: list) -> None:
+    """The first in-range run whose +5% drift from 0.45 the monitor catches: clean and drifted r."""
+    band = predictor.monitor_band
+    drift = next(f for label, _, f in faults() if label == "drift +5% from 0.45")
+    for bank, rows, controls, in_range, window in runs:
+        if not in_range:
+            continue
+        t, raw, tokens = (rows[c].to_numpy(float) for c in ("train_fraction", "train_loss", "tokens"))
+        bad = monitor_curve(t, trailing_mean(tokens, raw * drift(t), window), predictor, controls, band=band)
+        if bad.alarm and bad.first_alarm >= 0.45:
+            clean = monitor_curve(t, trailing_mean(tokens, raw, window), predictor, controls, band=band)
+            break
+    else:
+        return
+    grid = np.linspace(bad.window[1], 1.0, 100)
+    c, s = band.at(grid)
+    z = band.rule.z
+    ax.fill_between(100 * grid, 100 * (c - z * s), 100 * (c + z * s), color="0.85", label=f"band c ± {z:g}σ")
+    ax.axvspan(100 * bad.window[0], 100 * bad.window[1], color="tab:blue", alpha=0.1, label="alignment window")
+    ax.plot(100 * clean.t_hat, 100 * clean.residual, color="tab:green", lw=1, label="clean run")
+    ax.plot(100 * bad.t_hat, 100 * bad.residual, color="k", lw=1.2, label="same run, +5% drift from t̂ 0.45")
+    ax.axvline(45, color="0.4", ls=":", lw=1)
+    ax.axvline(100 * bad.first_alarm, color="tab:red", lw=1.5, label=f"alarm t̂ = {bad.first_alarm:.2f}")
+    seen = bad.residual[bad.t_hat >= bad.window[0]]
+    ax.set_ylim(100 * (min(seen.min(), (c - z * s).min()) - 0.01), 100 * (max(seen.max(), (c + z * s).max()) + 0.01))
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("training fraction t̂ (%)")
+    ax.set_ylabel("residual r (%)")
+    ax.set_title(f"example: {bank} run, N = {controls.n_params / 1e6:.2g}M, TPP {controls.tokens_per_param:g}",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", help="JSON of the alarm times: read it if it exists (redraw), else write it")
+    args = parser.parse_args()
+    started = time.time()
+    warnings.simplefilter("ignore")
+    predictor = Predictor.load(default_predictor_path())
+    runs = load_runs(predictor.provenance)
+    cache = Path(args.cache) if args.cache else None
+    if cache is not None and cache.exists():
+        results = json.loads(cache.read_text())
+    else:
+        results = collect(predictor, runs)
+        results["seconds"] = time.time() - started  # the full run's time, also when redrawn from the cache
+        if cache is not None:
+            cache.write_text(json.dumps(results))
+    figure(results, predictor, runs, OUT.with_suffix(".png"))
+    extra = real_faults(predictor)
+    text = markdown(results, predictor.monitor_band, results.get("seconds", time.time() - started), extra)
+    OUT.write_text(text)
+    print(text)
+
+
+def real_faults(predictor: Predictor) -> list[str]:
+    return ["Real faults made with the trainer: not done (CPU time; see README)."]
 
 
 if __name__ == "__main__":
