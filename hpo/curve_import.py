@@ -347,8 +347,10 @@ def _change_points(rows: pd.DataFrame, t_hat: np.ndarray, run_id: str, source: s
 
 
 def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None, metric: str = "loss",
-                       smoothing_fraction: float = 0.0, complete_only: bool = True) -> ImportedCurves:
-    """Curves from every run of an MLflow experiment that logged ``metric``.
+                       smoothing_fraction: float = 0.0, complete_only: bool = True,
+                       filter_string: Optional[str] = None) -> ImportedCurves:
+    """Curves from every run of an MLflow experiment that logged ``metric`` (and matches
+    ``filter_string``, an MLflow run filter: ``hpo monitor --job`` reads one sweep's trials).
 
     Per-run values come from the run's params (the file's column names; our sweeps' child runs
     log them, ``hpo.tracking.TRIAL_PARAMS``); the loss from the metric history; the position
@@ -373,7 +375,8 @@ def load_mlflow_curves(experiment_id: str, *, tracking_uri: Optional[str] = None
     frames, notes, skipped = [], [], 0
     token = None
     while True:
-        page = client.search_runs([str(experiment_id)], max_results=500, page_token=token)
+        page = client.search_runs([str(experiment_id)], filter_string=filter_string or "", max_results=500,
+                                  page_token=token)
         for run in page:
             frame, note = _mlflow_run_frame(client, run, metric)
             if frame is None:
