@@ -154,15 +154,19 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from hpo.curve_import import CurveImportError, load_curves_file, load_mlflow_curves
+    from hpo.curve_import import CurveImportError, load_curves_file
     from hpo.data import default_predictor_path
-    from hpo.monitor import monitor_runs, plot_residuals, status_line
+    from hpo.monitor import CurveSource, follow, monitor_runs, plot_residuals, status_line
     from predictors import Predictor
     from predictors.references import ReferenceCurves
 
     started = time.perf_counter()
-    if bool(args.curves) == bool(args.from_mlflow):
-        raise ConfigError("monitor: give CURVES (a curve file) or --from-mlflow EXPERIMENT_ID, one of them")
+    source = CurveSource(args.curves, args.from_mlflow, args.job, args.tracking_uri, args.address, args.metric,
+                         args.smoothing_fraction)
+    if args.follow and (args.json or args.output):
+        raise ConfigError("monitor: --follow prints status changes; it takes neither --json nor --output")
+    if not (args.every > 0 and args.every < 86400):
+        raise ConfigError(f"--every: must be a number of seconds in (0, 86400), got {args.every!r}")
     predictor_path = Path(args.predictor) if args.predictor else default_predictor_path()
     if not predictor_path.exists():
         raise ConfigError(f"--predictor: no such file {predictor_path}")
@@ -170,23 +174,27 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         predictor = Predictor.load(predictor_path)
     except ValueError as exc:
         raise ConfigError(f"--predictor: {exc}") from None
-    try:
-        if args.curves:
-            imported = load_curves_file(args.curves, smoothing_fraction=args.smoothing_fraction, complete_only=False)
-        else:
-            imported = load_mlflow_curves(args.from_mlflow, tracking_uri=args.tracking_uri, metric=args.metric,
-                                          smoothing_fraction=args.smoothing_fraction, complete_only=False)
-        references = None
-        if args.reference:
+    references = None
+    if args.reference:
+        try:
             refs = load_curves_file(args.reference, smoothing_fraction=args.smoothing_fraction).curves
-            references = ReferenceCurves.from_curves(refs, extrapolation="hold")
-            if not references.curves:
-                raise ConfigError(f"--reference {args.reference}: no reference curve reports n_params")
-    except CurveImportError as exc:
-        raise ConfigError(str(exc)) from None
+        except CurveImportError as exc:
+            raise ConfigError(str(exc)) from None
+        references = ReferenceCurves.from_curves(refs, extrapolation="hold")
+        if not references.curves:
+            raise ConfigError(f"--reference {args.reference}: no reference curve reports n_params")
     output = Path(args.output) if args.output else None
     if output is not None and output.exists() and not output.is_dir():
         raise ConfigError(f"--output: {output} exists and is not a directory")
+    if args.follow:
+        try:
+            follow(source, predictor, references, every=args.every)
+        except KeyboardInterrupt:
+            print("stopped following (Ctrl-C)")
+        return 0
+    imported, _ = source.read()
+    if imported is None:
+        raise ConfigError(f"--job {args.job}: no trial has logged {args.metric!r} yet (try --follow)")
     runs = monitor_runs(imported.curves, predictor, references)
     rows = [row for _, _, row in runs]
     plots = plot_residuals(runs, predictor.monitor_band, output) if output is not None else []
@@ -195,17 +203,17 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         print(json.dumps({"runs": rows, "notes": imported.notes, "source": imported.source,
                           "band": {"n_curves": band.n_curves, "source": band.source, "rule": band.rule.to_dict()},
                           "plots": [str(p) for p in plots]}, indent=2, allow_nan=False))
-    else:
-        width = max(len(r["run_id"]) for r in rows)
-        for row in rows:
-            print(f"{row['run_id']:<{width}}  {status_line(row)}")
-        alarms = sum(r["alarm"] for r in rows)
-        print(f"{alarms} alarm(s) in {len(rows)} run(s); band: {band.source} ({band.n_curves} runs), rule "
-              f"|r - c| > {band.rule.z:g}σ for ≥ {band.rule.span:g} of training; {time.perf_counter() - started:.1f} s")
-        for note in imported.notes:
-            print(f"  note: {note}")
-        if plots:
-            print(f"plots: {output}")
+        return 0
+    width = max(len(r["run_id"]) for r in rows)
+    for row in rows:
+        print(f"{row['run_id']:<{width}}  {status_line(row)}")
+    print(f"{sum(r['alarm'] for r in rows)} alarm(s) in {len(rows)} run(s); band: {band.source} ({band.n_curves} "
+          f"runs), rule |r - c| > {band.rule.z:g}σ for ≥ {band.rule.span:g} of training; "
+          f"{time.perf_counter() - started:.1f} s")
+    for note in imported.notes:
+        print(f"  note: {note}")
+    if plots:
+        print(f"plots: {output}")
     return 0
 
 
@@ -371,6 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--predictor", metavar="P", help="predictor JSON (default: the shipped one)")
     monitor.add_argument("--smoothing-fraction", type=float, default=0.0,
                          help="smooth raw losses by a trailing mean over this fraction of each run (default 0)")
+    monitor.add_argument("--job", metavar="JOB_ID", help="the trials of a sweep submitted with hpo submit "
+                         "(read from MLflow as hpo status finds them; with --address)")
+    monitor.add_argument("--address", help="Ray dashboard address for --job (default: RAY_ADDRESS)")
+    monitor.add_argument("--follow", action="store_true", help="re-read every --every seconds until the runs end "
+                         "(or Ctrl-C); print only status changes")
+    monitor.add_argument("--every", type=float, default=10.0, help="seconds between reads with --follow (default 10)")
     monitor.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
     monitor.add_argument("--output", metavar="DIR", help="write a residual plot per run into DIR")
     monitor.set_defaults(func=_cmd_monitor)

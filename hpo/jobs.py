@@ -266,13 +266,15 @@ def last_error_line(logs: str) -> Optional[str]:
 def job_state(cluster: Cluster, job_id: str, tracking_uri: Optional[str]) -> dict[str, Any]:
     """One job as ``status`` shows it: Ray's state, the error line of a failed job, and what
     the sweep published on MLflow (progress per rung, compute used, the early answer)."""
+    from hpo.monitor_live import trial_alarms
     from hpo.tracking import find_job_run, read_published
 
     info = _job_info(cluster, job_id)
     meta = info.metadata or {}
     state: dict[str, Any] = {"job_id": job_id, "state": str(getattr(info.status, "value", info.status)),
                              "sweep": meta.get("sweep"), "experiment": meta.get("experiment"),
-                             "output_dir": meta.get("output_dir"), "error": None, "published": None}
+                             "output_dir": meta.get("output_dir"), "error": None, "published": None,
+                             "monitor": None}
     if state["state"] == "FAILED":
         try:
             state["error"] = last_error_line(cluster.client.get_job_logs(job_id)) or info.message
@@ -283,6 +285,7 @@ def job_state(cluster: Cluster, job_id: str, tracking_uri: Optional[str]) -> dic
         run = find_job_run(mlflow_client, meta["experiment"], job_id)
         if run is not None:
             state["published"] = read_published(mlflow_client, run)
+            state["monitor"] = trial_alarms(mlflow_client, run)
     return state
 
 
@@ -295,6 +298,7 @@ def list_jobs(cluster: Cluster) -> list[Any]:
 def format_state(state: dict[str, Any]) -> str:
     """``status`` lines of one job."""
     from hpo.early_answer import format_early_answer
+    from hpo.monitor_live import format_alarms
 
     lines = [f"{state['job_id']}: {state['state']} (sweep {state['sweep']}, outputs {state['output_dir']})"]
     if state.get("error"):
@@ -314,6 +318,7 @@ def format_state(state: dict[str, Any]) -> str:
             lines.append(f"  compute used: {100 * float(progress['compute_fraction']):.1f}% of the full sweep")
     else:
         lines.append("  no rung decided yet")
+    lines += format_alarms(state.get("monitor"))
     if published.get("stopped"):
         stop = published["stopped"]
         lines.append(f"  stopped by {stop.get('by')} at {stop.get('at')}")

@@ -10,9 +10,11 @@ window yet), alarm since t̂, or no reference. Optionally writes one residual pl
 from __future__ import annotations
 
 import math
+import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -64,6 +66,111 @@ def monitor_runs(curves: Sequence[Curve], predictor: Predictor,
                        aligned_final_loss=None if math.isnan(result.final_loss) else result.final_loss)
         out.append((curve, result, row))
     return out
+
+
+@dataclass
+class CurveSource:
+    """Where ``hpo monitor`` reads its runs: a curve file, an MLflow experiment, or the trials of
+    a sweep submitted as a Ray Job (its child runs, found as ``hpo status`` finds the sweep)."""
+
+    curves: Optional[str] = None
+    experiment: Optional[str] = None
+    job: Optional[str] = None
+    tracking_uri: Optional[str] = None
+    address: Optional[str] = None
+    metric: str = "loss"
+    smoothing_fraction: float = 0.0
+    _job_run: Optional[tuple[Any, str, str]] = None  # (MLflow client, URI, experiment) once resolved
+
+    def __post_init__(self) -> None:
+        if sum(bool(x) for x in (self.curves, self.experiment, self.job)) != 1:
+            raise InputError("monitor: give CURVES (a curve file), --from-mlflow EXPERIMENT_ID or --job JOB_ID, "
+                             "one of them")
+
+    def _parent(self) -> Optional[Any]:
+        """The job's parent run (None before the sweep has made it)."""
+        from hpo.jobs import _job_info, connect, tracking_client
+        from hpo.tracking import find_job_run
+
+        if self._job_run is None:
+            meta = _job_info(connect(self.address), str(self.job)).metadata or {}
+            if not meta.get("experiment"):
+                raise InputError(f"--job: {self.job} is not a sweep submitted with hpo submit")
+            uri = self.tracking_uri or meta.get("tracking_uri")
+            self._job_run = (tracking_client(self.tracking_uri, meta.get("tracking_uri")), str(uri), meta["experiment"])
+        return find_job_run(self._job_run[0], self._job_run[2], str(self.job))
+
+    def read(self) -> tuple[Optional[Any], bool]:
+        """(``ImportedCurves`` or None while a job has no trial curve yet, whether every run has
+        ended: a file's runs at t̂ = 1, MLflow runs no longer RUNNING)."""
+        from hpo.curve_import import CurveImportError, load_curves_file, load_mlflow_curves
+
+        try:
+            if self.curves:
+                imported = load_curves_file(self.curves, smoothing_fraction=self.smoothing_fraction,
+                                            complete_only=False)
+                return imported, all(c.t_hat[-1] >= 1.0 - 1e-6 for c in imported.curves)
+            if self.experiment:
+                imported = load_mlflow_curves(self.experiment, tracking_uri=self.tracking_uri, metric=self.metric,
+                                              smoothing_fraction=self.smoothing_fraction, complete_only=False)
+                return imported, _all_ended(imported)
+            parent = self._parent()
+            if parent is None:
+                return None, False
+            from hpo.tracking import filter_value
+
+            assert self._job_run is not None
+            children = f"tags.`mlflow.parentRunId` = {filter_value(parent.info.run_id, 'run id')}"
+            try:
+                imported = load_mlflow_curves(parent.info.experiment_id, tracking_uri=self._job_run[1],
+                                              metric=self.metric, smoothing_fraction=self.smoothing_fraction,
+                                              complete_only=False, filter_string=children)
+            except CurveImportError as exc:
+                if "logged the metric" not in str(exc):
+                    raise
+                imported = None  # no trial has reported yet
+            assert self._job_run is not None
+            ended = self._job_run[0].get_run(parent.info.run_id).info.status not in ("RUNNING", "SCHEDULED")
+            return imported, ended
+        except CurveImportError as exc:
+            raise InputError(str(exc)) from None
+
+
+def _all_ended(imported: Any) -> bool:
+    """Whether every MLflow run of ``imported`` has ended (its status is no longer RUNNING)."""
+    from mlflow.tracking import MlflowClient
+
+    from hpo.tracking_uri import use_credentials
+
+    uri = imported.source.split(":", 1)[1].rsplit("#", 1)[0]
+    client = MlflowClient(tracking_uri=use_credentials(uri))
+    return all(client.get_run(str(c.meta["name"])).info.status not in ("RUNNING", "SCHEDULED")
+               for c in imported.curves)
+
+
+def follow(source: CurveSource, predictor: Predictor, references: Optional[ReferenceCurves], *,
+           every: float, say: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
+           max_polls: Optional[int] = None) -> dict[str, dict]:
+    """``hpo monitor --follow``: re-read the runs every ``every`` seconds until every run has
+    ended, printing a run's line only when its status changes (new, aligning → ok → ALARM,
+    ended). Returns the last row of each run."""
+    shown: dict[str, tuple] = {}
+    rows: dict[str, dict] = {}
+    polls = 0
+    while True:
+        imported, ended = source.read()
+        for _, _, row in monitor_runs(imported.curves if imported is not None else [], predictor, references):
+            rows[row["run_id"]] = row
+            key = (row["status"], row["first_alarm_train_fraction"])
+            if shown.get(row["run_id"]) != key:
+                shown[row["run_id"]] = key
+                say(f"{row['run_id']}  {status_line(row)}")
+        polls += 1
+        if ended or (max_polls is not None and polls >= max_polls):
+            alarms = sum(r["alarm"] for r in rows.values())
+            say(f"{'all runs ended' if ended else 'stopped following'}: {alarms} alarm(s) in {len(rows)} run(s)")
+            return rows
+        sleep(every)
 
 
 def status_line(row: dict) -> str:

@@ -145,3 +145,51 @@ class MonitorCallback(tune.Callback):
             self.tracker.client.log_batch(run_id, tags=[
                 RunTag(ALARM_TAG, f"{alarm.first_alarm:.4f}"),
                 RunTag(f"{ALARM_TAG}_direction", str(alarm.direction))])
+
+
+def trial_alarms(client: Any, parent_run: Any) -> dict[str, Any]:
+    """The monitor's verdicts on a sweep's trials, as the sweep tagged them on its child runs
+    (:class:`MonitorCallback`): ``{"trials": n, "alarms": [{"trial_id", "run_id", "run_name",
+    "at", "direction", "last_residual"}], "last_residual": {trial_id: r}}`` (alarms by t̂).
+
+    Read from MLflow alone (``hpo status`` has no access to the sweep's process).
+    """
+    from hpo.tracking import filter_value
+
+    parent_id = parent_run.info.run_id
+    children = client.search_runs([parent_run.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = {filter_value(parent_id, 'run id')}",
+                                  max_results=5000)
+    alarms, last = [], {}
+    for child in children:
+        tags, trial_id = child.data.tags, child.data.tags.get("trial_id", child.info.run_id)
+        r = child.data.metrics.get(RESIDUAL_METRIC)
+        if r is not None:
+            last[trial_id] = float(r)
+        if ALARM_TAG not in tags:
+            continue
+        try:
+            at: Optional[float] = float(tags[ALARM_TAG])
+        except ValueError:
+            at = None  # a tag someone else wrote: still an alarm, its time unknown
+        alarms.append({"trial_id": trial_id, "run_id": child.info.run_id,
+                       "run_name": tags.get("mlflow.runName", ""), "at": at,
+                       "direction": tags.get(f"{ALARM_TAG}_direction"), "last_residual": last.get(trial_id)})
+    alarms.sort(key=lambda a: (a["at"] is None, a["at"] or 0.0, a["trial_id"]))
+    return {"trials": len(children), "alarms": alarms, "last_residual": last}
+
+
+def format_alarms(monitor: Optional[dict[str, Any]]) -> list[str]:
+    """``hpo status`` lines for :func:`trial_alarms`'s answer."""
+    if not monitor or not monitor["trials"]:
+        return []
+    alarms = monitor["alarms"]
+    if not alarms:
+        judged = len(monitor["last_residual"])
+        return [f"  monitor: no alarm ({monitor['trials']} trial(s), {judged} past their alignment window)"]
+    lines = [f"  monitor: {len(alarms)} of {monitor['trials']} trial(s) in ALARM"]
+    for a in alarms:
+        when = f"t̂ = {a['at']:.3f}" if a["at"] is not None else "t̂ unknown"
+        r = f", residual now {100 * a['last_residual']:+.2f}%" if a["last_residual"] is not None else ""
+        lines.append(f"    {a['trial_id']}: loss {a['direction'] or '?'} its collapse band since {when}{r}")
+    return lines
