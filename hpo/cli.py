@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from pydantic import ValidationError
 
@@ -340,6 +340,29 @@ def _print_outcome(outcome: dict) -> None:
     print(f"outputs: {outcome['output']}")
 
 
+def _add_monitor_parser(sub: Any) -> None:
+    monitor = sub.add_parser("monitor", help="watch runs' curves against the collapse shape (residual, band, alarm)")
+    monitor.add_argument("curves", nargs="?", help="curve file (CSV/parquet, the --from-curves format; runs in "
+                                                   "progress too)")
+    monitor.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="the runs of an MLflow experiment instead")
+    monitor.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow")
+    monitor.add_argument("--metric", default="loss", help="the loss metric for --from-mlflow (default loss)")
+    monitor.add_argument("--reference", metavar="REF", help="reference curves of matching controls (same format; "
+                                                           "default: the predictor's curve)")
+    monitor.add_argument("--predictor", metavar="P", help="predictor JSON (default: the shipped one)")
+    monitor.add_argument("--smoothing-fraction", type=float, default=0.0,
+                         help="smooth raw losses by a trailing mean over this fraction of each run (default 0)")
+    monitor.add_argument("--job", metavar="JOB_ID", help="the trials of a sweep submitted with hpo submit "
+                         "(read from MLflow as hpo status finds them; with --address)")
+    monitor.add_argument("--address", help="Ray dashboard address for --job (default: RAY_ADDRESS)")
+    monitor.add_argument("--follow", action="store_true", help="re-read every --every seconds until the runs end "
+                         "(or Ctrl-C); print only status changes")
+    monitor.add_argument("--every", type=float, default=10.0, help="seconds between reads with --follow (default 10)")
+    monitor.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
+    monitor.add_argument("--output", metavar="DIR", help="write a residual plot per run into DIR")
+    monitor.set_defaults(func=_cmd_monitor)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -368,26 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write and print the report of a sweep")
     report.add_argument("output_dir", help="a sweep's output directory (holds scheduler_state.json)")
     report.set_defaults(func=_cmd_report)
-    monitor = sub.add_parser("monitor", help="watch runs' curves against the collapse shape (residual, band, alarm)")
-    monitor.add_argument("curves", nargs="?", help="curve file (CSV/parquet, the --from-curves format; runs in "
-                                                   "progress too)")
-    monitor.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="the runs of an MLflow experiment instead")
-    monitor.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow")
-    monitor.add_argument("--metric", default="loss", help="the loss metric for --from-mlflow (default loss)")
-    monitor.add_argument("--reference", metavar="REF", help="reference curves of matching controls (same format; "
-                                                           "default: the predictor's curve)")
-    monitor.add_argument("--predictor", metavar="P", help="predictor JSON (default: the shipped one)")
-    monitor.add_argument("--smoothing-fraction", type=float, default=0.0,
-                         help="smooth raw losses by a trailing mean over this fraction of each run (default 0)")
-    monitor.add_argument("--job", metavar="JOB_ID", help="the trials of a sweep submitted with hpo submit "
-                         "(read from MLflow as hpo status finds them; with --address)")
-    monitor.add_argument("--address", help="Ray dashboard address for --job (default: RAY_ADDRESS)")
-    monitor.add_argument("--follow", action="store_true", help="re-read every --every seconds until the runs end "
-                         "(or Ctrl-C); print only status changes")
-    monitor.add_argument("--every", type=float, default=10.0, help="seconds between reads with --follow (default 10)")
-    monitor.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
-    monitor.add_argument("--output", metavar="DIR", help="write a residual plot per run into DIR")
-    monitor.set_defaults(func=_cmd_monitor)
+    _add_monitor_parser(sub)
 
     calibrate = sub.add_parser("calibrate", help="run reference curves, bank them, fit the predictor")
     calibrate.add_argument("config", nargs="?", help="YAML calibration config (with --from-*: its fit settings)")
