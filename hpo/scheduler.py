@@ -585,6 +585,9 @@ class CollapseScheduler(FIFOScheduler):
         # the save and the controller's stop calls must not restore them alive.
         for rec in to_stop:
             rec.status, rec.stopped_at = "stopped", fraction
+        # The early answer of the last rung is written with its decision (one write, and a
+        # driver killed between two writes cannot leave a decided last rung without one).
+        answered = self._is_last(r) and self._compose_early_answer(r)
         self._persist(force=True)
         self._notify(self._on_decision, {
             "rung": r, "fraction": fraction, "decision_mode": self._decision_mode, "kept": list(rung.survivors),
@@ -594,8 +597,8 @@ class CollapseScheduler(FIFOScheduler):
             "compute_fraction": compute, "decided_at": now, "progress": self.progress()})
         for tid in rung.survivors:
             self._queue.push(tid)  # no longer waiting: may be chosen to run
-        if self._is_last(r):
-            self._emit_early_answer(r)
+        if answered:
+            self._notify(self._on_early_answer, dict(self._state.early_answer or {}))
         for rec in to_stop:
             self._stop(tc, rec, fraction, trigger=(rec.trial_id == trigger_id))
         return rung.survivors
@@ -656,21 +659,27 @@ class CollapseScheduler(FIFOScheduler):
         if old is None:
             return
         self._state.early_answer = None
-        self._emit_early_answer(len(self._rungs) - 1, revision={"from": old.get("trial_id"), "why": why,
-                                                                "at": utc_now(), "previous": old})
-        new = self._state.early_answer
-        if new is None:
+        if self._compose_early_answer(len(self._rungs) - 1, revision={"from": old.get("trial_id"), "why": why,
+                                                                      "at": utc_now(), "previous": old}):
+            self._announce_early_answer()
+        if self._state.early_answer is None:
             self._state.early_answer = old  # nothing to rank any more: the answer stands
 
-    def _emit_early_answer(self, r: int, revision: Optional[dict[str, Any]] = None) -> None:
+    def _announce_early_answer(self) -> None:
+        """Write the state holding the new early answer, then hand it to ``on_early_answer``."""
+        self._persist(force=True)
+        self._notify(self._on_early_answer, dict(self._state.early_answer or {}))
+
+    def _compose_early_answer(self, r: int, revision: Optional[dict[str, Any]] = None) -> bool:
         """Make the early answer from rung ``r`` (once; again only through ``_revise_early_answer``,
-        which passes ``revision`` and announces only a changed pick)."""
+        which passes ``revision``); True when there is a new one to announce (a revision that
+        names the same trial is not)."""
         if self._state.early_answer is not None:
-            return
+            return False
         rung = self._state.rungs[r]
         kept = [rung.entries[t] for t in rung.survivors if rung.entries[t].predicted_final_loss is not None]
         if not kept:
-            return
+            return False
         weight = rung.order_weight
         best = min(kept, key=lambda e: rules._rank_key(self._candidate(e), weight))
         # P(best) among the trials ranked at this rung, by the rung's order: each score
@@ -700,14 +709,13 @@ class CollapseScheduler(FIFOScheduler):
             previous = revision.pop("previous")
             if previous.get("trial_id") == best.trial_id:
                 self._state.early_answer = previous  # the same pick: nothing to announce again
-                return
+                return False
             self._state.early_answer["revised"] = json_safe(
                 {**revision, "to": best.trial_id, "previous_predicted_final_loss": previous.get("predicted_final_loss"),
                  "revisions": int((previous.get("revised") or {}).get("revisions", 0)) + 1})
             logger.warning("CollapseScheduler: early answer revised: trial %s replaces %s (%s)",
                            best.trial_id, revision["from"], revision["why"])
-        self._persist(force=True)
-        self._notify(self._on_early_answer, dict(self._state.early_answer))
+        return True
 
     def _maybe_async_early_answer(self) -> None:
         """Async: the early answer once every live trial has been judged at the last rung."""
@@ -717,7 +725,8 @@ class CollapseScheduler(FIFOScheduler):
         if any(self._live(rec) and rec.trial_id not in last.entries for rec in self._state.trials.values()):
             return
         last.decided_at = last.decided_at or utc_now()
-        self._emit_early_answer(len(self._rungs) - 1)
+        if self._compose_early_answer(len(self._rungs) - 1):
+            self._announce_early_answer()
 
     # ------------------------------------------------------------------ Tune hooks
 

@@ -1202,6 +1202,23 @@ def test_on_decision_publishes_each_rung():
     json.dumps(events)
 
 
+# Asserts: the last rung's decision and the early answer reach the state file in one write: when
+# the decision is announced, the file already names the answer (a driver killed in between
+# cannot leave a decided last rung without one), and the answer is announced after it.
+def test_last_rung_decision_is_written_with_the_early_answer(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    seen: list[tuple[str, Any]] = []
+
+    def on_decision(d: dict) -> None:
+        seen.append(("decision", json.loads(path.read_text())["early_answer"]))
+
+    s = sched(state_path=path, on_decision=on_decision, on_early_answer=lambda a: seen.append(("answer", a)))
+    FakeController(s, six_trials()).run(workers=2)
+    assert [kind for kind, _ in seen] == ["decision", "decision", "decision", "answer"]
+    assert seen[0][1] is None and seen[1][1] is None
+    assert seen[2][1]["trial_id"] == "t3" and seen[3][1] == seen[2][1]
+
+
 class OrderFakePredictor(FakePredictor):
     """A fake whose order and margin come from a real ``Predictor`` calibrated at TPP 80 (the
     trials run at TPP 20, ln 4 = 1.39 away), with a held-out TPP group 1.5 away that holds

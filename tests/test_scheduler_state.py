@@ -153,3 +153,47 @@ def test_snapshot_fast_path_writes_what_json_safe_writes() -> None:
         expected = {f.name: getattr(rec, f.name) for f in dc_fields(rec) if with_history or f.name != "history"}
         expected["controls"] = rec.controls.to_dict()
         assert rec.to_dict(with_history) == json_safe(expected)
+
+
+# Asserts: the snapshot's text is the strict JSON of json_safe(to_dict()) byte for byte, whether
+# json's encoder writes it alone (plain values) or the safe walk must (NaN, numpy ints, a key
+# that json would write differently).
+@pytest.mark.parametrize("odd", [None, "nan", "numpy_int", "bool_key", "set"])
+def test_snapshot_text_is_the_strict_json_of_the_safe_dict(odd) -> None:
+    from predictors.io import loads_strict
+
+    state = _state()
+    state.early_answer = {"trial_id": "a", "uncertainty": 0.5}
+    state.rungs[0].entries["b"].predicted_final_loss = 2.6
+    for rec in state.trials.values():
+        rec.config = {"lr": 1e-3, "nested": {"k": [1, 2]}, "name": "plain"}
+    rec = state.trials["a"]
+    if odd == "nan":
+        rec.final_metric = float("nan")
+    elif odd == "numpy_int":
+        rec.n_params = np.int64(7)
+    elif odd == "bool_key":
+        rec.config = {True: 1, "x": [{None: 2}]}
+    elif odd == "set":
+        rec.config = {"grid": {1, 2}}
+    for with_history in (True, False):
+        expected = json.dumps(state.to_dict(with_history), allow_nan=False, ensure_ascii=False,
+                              separators=(",", ":"))
+        assert state.to_json(with_history=with_history) == expected
+    text = state.to_json()
+    loads_strict(text)  # strict JSON: no NaN/Infinity
+    if odd == "bool_key":
+        assert '"True":1' in text
+
+
+# Asserts: a history line is what json.dumps([trial_id, t, loss]) writes, and replays.
+def test_history_lines_are_json_lists(tmp_path):
+    from hpo.scheduler_state import HistoryLog
+
+    log = HistoryLog(tmp_path / "h.jsonl")
+    points = [("t\"1é", 0.1, 2.0), ("b", 1e-20, 1e300), ("b", 0.30000000000000004, 5e-324)]
+    for tid, t, v in points:
+        log.append(tid, t, v)
+    log.flush(start=True)
+    lines = (tmp_path / "h.jsonl").read_text(encoding="utf-8").splitlines()
+    assert lines == [json.dumps(list(p)) for p in points]
