@@ -1,5 +1,6 @@
 """The fitted predictor: ℓ̂ for any run's controls, final-loss prediction from a partial
-curve (paper §5 step 5), and JSON persistence (never pickle).
+curve (paper §5 step 5), and JSON persistence (never pickle; the file's schema:
+``predictors.predictor_file``; the calibrated error: ``predictors.decision_error``).
 
 The scheduler uses :meth:`Predictor.predict_final`, :attr:`Predictor.decision_error` and
 :meth:`Predictor.relative_error`; the report also :meth:`Predictor.normalized_curve` and
@@ -15,10 +16,9 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from predictors import equations
 from predictors.align import (
@@ -29,27 +29,21 @@ from predictors.align import (
     segment_indices,
 )
 from predictors.controls import Controls
-from predictors.distance import ErrorGroup, direction_of, off_scale_error
-from predictors.io import atomic_write_json, json_safe, loads_strict
+from predictors.decision_error import DECISION_FRACTIONS, DecisionError
+from predictors.distance import direction_of, off_scale_error
+from predictors.io import atomic_write_json, loads_strict
 from predictors.normalize import check_curve, check_t_hat
 from predictors.prediction import Prediction
 from predictors.ranking import Order, Position, RankingError
 from predictors.monitor import UNCALIBRATED_BAND, NoiseBand
+from predictors.predictor_file import SCHEMA, SCHEMA_VERSION, from_document, to_document
 from predictors.references import ReferenceCurves
 from predictors.surrogate import SurrogateParams
 
-SCHEMA = "collapse-hpo/predictor"
-# Version 2 added params.irreducible_loss and decision_error.cross_scale, version 3 the
-# ranking_error, version 4 the size term (params.m_size_exp, size_ref), the reference curves
-# and the per-group decision errors (decision_error.groups); all optional, so version-1 to -3
-# files still load unchanged.
-SCHEMA_VERSION = 4
 # The distribution whose version the provenance records, and the version recorded when it is
 # not installed (predictors must stay importable on its own).
 DISTRIBUTION = "collapse-hpo"
 FALLBACK_VERSION = "0.1.0"
-# The stop fractions at which fit() measures the decision error by default.
-DECISION_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 # Sub-samples per point when ℓ̂ is averaged over a trailing smoothing window.
 SMOOTHING_SUBSAMPLES = 16
 # A run is at the calibrated scale when its TPP (and N, when known) lies within this relative
@@ -73,88 +67,6 @@ def package_version() -> str:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on the environment
         return FALLBACK_VERSION
-
-
-@dataclass(frozen=True)
-class DecisionError:
-    """Calibrated relative error of the predicted final loss, by stop fraction.
-
-    ``rel_error[i]`` is the ``statistic`` (``"rms"`` by default) of
-    (predicted final / true final − 1) over the calibration curves when predicting from the
-    first ``stop_fractions[i]`` of training. Between table points it is interpolated linearly;
-    outside the table it is held at the nearest end (documented in docs/predictor.md).
-
-    ``cross_scale`` (optional, same stop fractions) is the error measured across scales: the
-    predictor refitted without one model size or one TPP of the bank and scored on it
-    (``cross_scale_source`` says which), pooled over the held-out groups.
-
-    ``groups`` (optional) are the same errors per held-out group, with where each lay
-    (``predictors.distance``): a run off the calibrated scale gets the error of the groups
-    held out in the same situation at least as far away, grown with distance beyond the
-    farthest. The pooled ``cross_scale`` applies only on axes without groups (older files).
-    """
-
-    stop_fractions: tuple[float, ...]
-    rel_error: tuple[float, ...]
-    statistic: str = "rms"
-    n_curves: int = 0
-    source: str = "in-sample"
-    bias: Optional[tuple[float, ...]] = None
-    cross_scale: Optional[tuple[float, ...]] = None
-    cross_scale_source: Optional[str] = None
-    groups: tuple[ErrorGroup, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "groups", tuple(self.groups))
-        for g in self.groups:
-            if not isinstance(g, ErrorGroup) or len(g.rms) != len(self.stop_fractions):
-                raise ValueError("decision_error: every group must be an ErrorGroup with one error per stop fraction")
-        s = np.asarray(self.stop_fractions, dtype=np.float64)
-        e = np.asarray(self.rel_error, dtype=np.float64)
-        if s.ndim != 1 or s.size == 0 or s.shape != e.shape:
-            raise ValueError("decision_error: stop_fractions and rel_error must be non-empty lists of one length")
-        if not (np.all(np.isfinite(s)) and np.all(np.isfinite(e))):
-            raise ValueError("decision_error: values must be finite")
-        if np.any(s <= 0) or np.any(s > 1) or np.any(np.diff(s) <= 0):
-            raise ValueError("decision_error: stop_fractions must be strictly increasing in (0, 1]")
-        if np.any(e < 0):
-            raise ValueError("decision_error: rel_error must be ≥ 0")
-        if self.bias is not None and len(self.bias) != s.size:
-            raise ValueError("decision_error: bias must have one entry per stop fraction")
-        if self.cross_scale is not None:
-            c = np.asarray(self.cross_scale, dtype=np.float64)
-            if c.shape != s.shape or not np.all(np.isfinite(c)) or np.any(c < 0):
-                raise ValueError("decision_error: cross_scale must hold one finite error ≥ 0 per stop fraction")
-            object.__setattr__(self, "cross_scale", tuple(float(x) for x in c))
-        object.__setattr__(self, "stop_fractions", tuple(float(x) for x in s))
-        object.__setattr__(self, "rel_error", tuple(float(x) for x in e))
-        if self.bias is not None:
-            object.__setattr__(self, "bias", tuple(float(x) for x in self.bias))
-        object.__setattr__(self, "_s", s)
-        object.__setattr__(self, "_e", e)
-
-    def at(self, stop_fraction: float) -> float:
-        """Relative error at ``stop_fraction`` (linear between table points, clamped outside)."""
-        return float(np.interp(stop_fraction, self._s, self._e))  # type: ignore[attr-defined]
-
-    def cross_scale_at(self, stop_fraction: float) -> Optional[float]:
-        """The cross-scale error at ``stop_fraction`` (as :meth:`at`), or None if not measured."""
-        if self.cross_scale is None:
-            return None
-        return float(np.interp(stop_fraction, self._s, np.asarray(self.cross_scale)))  # type: ignore[attr-defined]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stop_fractions": list(self.stop_fractions),
-            "rel_error": list(self.rel_error),
-            "statistic": self.statistic,
-            "n_curves": int(self.n_curves),
-            "source": self.source,
-            "bias": None if self.bias is None else list(self.bias),
-            "cross_scale": None if self.cross_scale is None else list(self.cross_scale),
-            "cross_scale_source": self.cross_scale_source,
-            "groups": [g.to_dict() for g in self.groups] if self.groups else None,
-        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -581,31 +493,8 @@ class Predictor:
 
     # ------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document written by :meth:`save` (see ``PredictorFile``)."""
-        p = self.params
-        return {
-            "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
-            "params": {
-                "b_const": p.b_const,
-                "b_exp": p.b_exp,
-                "q_const": p.q_const,
-                "q_exp": p.q_exp,
-                "m": p.m,
-                "eps1": p.eps1,
-                "eps2": p.eps2,
-                "irreducible_loss": p.irreducible_loss,
-                "m_size_exp": p.m_size_exp,
-                "size_ref": p.size_ref,
-                "m_fitted": bool(self.m_fitted),
-            },
-            "alignment": self.align.to_dict(),
-            "decision_error": None if self.decision_error is None else self.decision_error.to_dict(),
-            "ranking_error": None if self.ranking_error is None else self.ranking_error.to_dict(),
-            "references": None if self.references is None else self.references.to_dict(),
-            "monitor": None if self.monitor is None else self.monitor.to_dict(),
-            "provenance": json_safe(self.provenance),
-        }
+        """The JSON document written by :meth:`save` (``predictors.predictor_file``)."""
+        return to_document(self)
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "predictor") -> "Predictor":
@@ -613,32 +502,7 @@ class Predictor:
 
         Raises ``ValueError`` naming ``source`` and the offending field.
         """
-        try:
-            doc = PredictorFile.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(f"{source}: invalid predictor file: {_describe(exc)}") from None
-        pr = doc.params
-        try:
-            params = SurrogateParams(pr.b_const, pr.b_exp, pr.q_const, pr.q_exp, pr.m, pr.eps1, pr.eps2,
-                                     pr.irreducible_loss, pr.m_size_exp, pr.size_ref)
-            align = AlignSettings(**doc.alignment.model_dump())
-            de = None
-            if doc.decision_error is not None:
-                d = doc.decision_error
-                de = DecisionError(
-                    tuple(d.stop_fractions), tuple(d.rel_error), d.statistic, d.n_curves, d.source,
-                    None if d.bias is None else tuple(d.bias),
-                    None if d.cross_scale is None else tuple(d.cross_scale), d.cross_scale_source,
-                    tuple(ErrorGroup.from_dict(g) for g in d.groups or []),
-                )
-            re_ = None if doc.ranking_error is None else RankingError.from_dict(doc.ranking_error)
-            refs = None if doc.references is None else ReferenceCurves.from_dict(doc.references)
-            band = None if doc.monitor is None else NoiseBand.from_dict(doc.monitor, source="monitor")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{source}: invalid predictor file: ranking_error, references or groups: {exc!r}"
-                             if isinstance(exc, (KeyError, TypeError)) else
-                             f"{source}: invalid predictor file: {exc}") from None
-        return cls(params, pr.m_fitted, align, de, dict(doc.provenance), re_, refs, band)
+        return cls(*from_document(data, source))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the predictor as strict JSON (atomically) and return the path."""
@@ -675,96 +539,5 @@ class Predictor:
         )
 
 
-# ---------------------------------------------------------------- the file schema
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-
-
-class ParamsModel(_Strict):
-    b_const: float = Field(gt=0)
-    b_exp: float
-    q_const: float = Field(gt=0)
-    q_exp: float
-    m: float = Field(gt=0)
-    eps1: float = Field(gt=0)
-    eps2: float = Field(gt=0)
-    irreducible_loss: float = Field(0.0, ge=0)
-    m_size_exp: float = 0.0
-    size_ref: float = Field(1.0, gt=0)
-    m_fitted: bool
-
-
-class AlignModel(_Strict):
-    objective: Literal["log", "l2", "l1"]
-    start_ratio: float = Field(ge=0, le=1)
-    min_start: float = Field(ge=0, lt=1)
-    min_points: int = Field(ge=1)
-
-
-class DecisionErrorModel(_Strict):
-    stop_fractions: list[float] = Field(min_length=1)
-    rel_error: list[float] = Field(min_length=1)
-    statistic: str = "rms"
-    n_curves: int = Field(default=0, ge=0)
-    source: str = "in-sample"
-    bias: Optional[list[float]] = None
-    cross_scale: Optional[list[float]] = None
-    cross_scale_source: Optional[str] = None
-    # Validated by predictors.distance.ErrorGroup.from_dict (version 4).
-    groups: Optional[list[dict[str, Any]]] = None
-
-    @field_validator("rel_error")
-    @classmethod
-    def _non_negative(cls, v: list[float]) -> list[float]:
-        if any(x < 0 for x in v):
-            raise ValueError("relative errors must be ≥ 0")
-        return v
-
-    @field_validator("stop_fractions")
-    @classmethod
-    def _fractions(cls, v: list[float]) -> list[float]:
-        if any(x <= 0 or x > 1 for x in v) or any(b <= a for a, b in zip(v, v[1:])):
-            raise ValueError("must be strictly increasing training fractions in (0, 1]")
-        return v
-
-    @model_validator(mode="after")
-    def _lengths(self) -> "DecisionErrorModel":
-        if len(self.stop_fractions) != len(self.rel_error):
-            raise ValueError("stop_fractions and rel_error must have the same length")
-        if self.bias is not None and len(self.bias) != len(self.stop_fractions):
-            raise ValueError("bias must have one entry per stop fraction")
-        if self.cross_scale is not None:
-            if len(self.cross_scale) != len(self.stop_fractions):
-                raise ValueError("cross_scale must have one entry per stop fraction")
-            if any(x < 0 for x in self.cross_scale):
-                raise ValueError("cross_scale errors must be ≥ 0")
-        return self
-
-
-class PredictorFile(_Strict):
-    """The on-disk schema of a predictor (versions 1–4; each adds optional fields)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, populate_by_name=True)
-
-    schema_: Literal["collapse-hpo/predictor"] = Field(alias="schema")
-    schema_version: Literal[1, 2, 3, 4]
-    params: ParamsModel
-    alignment: AlignModel
-    decision_error: Optional[DecisionErrorModel] = None
-    # Validated by predictors.ranking.RankingError.from_dict (version 3).
-    ranking_error: Optional[dict[str, Any]] = None
-    # Validated by predictors.references.ReferenceCurves.from_dict (version 4).
-    references: Optional[dict[str, Any]] = None
-    # Validated by predictors.monitor.NoiseBand.from_dict (an optional section; no version bump).
-    monitor: Optional[dict[str, Any]] = None
-    provenance: dict[str, Any] = Field(default_factory=dict)
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join("schema" if x == "schema_" else str(x) for x in err["loc"]) or "(document)"
-        parts.append(f"field '{loc}': {err['msg']}")
-    more = len(exc.errors()) - 5
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
+__all__ = ["DECISION_FRACTIONS", "SCHEMA", "SCHEMA_VERSION", "DecisionError", "NParamsMissingWarning", "Predictor",
+           "package_version"]
