@@ -1,19 +1,76 @@
 """The early answer: the predicted-best config, announced the moment the last rung is decided.
 
-Printed to the terminal, written to ``<output>/predicted_best.json`` and published on the
+What it says is composed here (:func:`compose_early_answer`, :func:`revise`) from the last
+rung's record and the rules (:mod:`hpo.rules`); ``CollapseScheduler`` only decides when. It is
+printed to the terminal, written to ``<output>/predicted_best.json`` and published on the
 MLflow parent run (tags and a JSON artifact, ``hpo.tracking.SweepTracker.publish_early_answer``),
 while the surviving trial keeps training.
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rich.console import Console
 
-from predictors.io import atomic_write_json
+from hpo import rules
+from hpo.scheduler_records import RungRecord, TrialRecord
+from predictors.io import atomic_write_json, json_safe
+
+
+def compose_early_answer(
+    rung: RungRecord, trials: Mapping[str, TrialRecord], *, margin_for: Callable[[Sequence[str]], rules.Margin],
+    margin_text: str, predictor: Any, decision_mode: str, compute_fraction: float, decided_at: str,
+) -> Optional[dict[str, Any]]:
+    """The early answer from the last rung's record: the best survivor by the rung's order,
+    its P(best) among the trials ranked there, the predictor's value error for it, and what
+    the rung was decided with. None when no survivor has a prediction. ``margin_for(ids)`` is
+    the rung's margin for those trials (``hpo.rules.rung_margin``)."""
+    kept = [rung.entries[t] for t in rung.survivors if rung.entries[t].predicted_final_loss is not None]
+    if not kept:
+        return None
+    weight = rung.order_weight
+    best = min(kept, key=lambda e: rules._rank_key(e.candidate(), weight))
+    # P(best) among the trials ranked at this rung, by the rung's order: each score
+    # normal with the order's ranking scale / √2 (a pair's difference has the scale).
+    ranked = [e for e in rung.entries.values() if e.predicted_final_loss is not None]
+    m = margin_for([e.trial_id for e in ranked])
+    sigma = max(m.sigma, 1e-6) / math.sqrt(2)
+    p_best = rules.probability_best([rules.score(e.candidate(), weight) for e in ranked], [sigma] * len(ranked))
+    probability = dict(zip([e.trial_id for e in ranked], p_best)).get(best.trial_id) if m.sigma else None
+    value_error = getattr(predictor, "relative_error", None)
+    rec = trials[best.trial_id]
+    try:
+        e_value = value_error(rung.fraction, rec.controls)[0] if value_error and rec.controls else None
+    except (KeyError, ValueError, TypeError):
+        e_value = None
+    return json_safe({
+        "trial_id": best.trial_id, "config": rec.config, "predicted_final_loss": best.predicted_final_loss,
+        "uncertainty": best.uncertainty, "value_error": e_value,
+        "probability_best": probability, "n_candidates": len(ranked),
+        "margin": rung.margin, "margin_text": margin_text, "kind": rung.kind,
+        "order": m.order, "order_weight": weight, "order_words": rung.margin_source,
+        "kept_all": bool(rung.kept_all), "compute_fraction": compute_fraction,
+        "rung": rung.fraction, "kept": list(rung.survivors), "current_best": rung.current_best,
+        "decision_mode": decision_mode, "decided_at": decided_at,
+    })
+
+
+def revise(previous: dict[str, Any], new: Optional[dict[str, Any]], why: str, at: str) -> Optional[dict[str, Any]]:
+    """The answer that replaces ``previous`` after the last rung changed (a trial kept there
+    after it was decided), with ``revised``: the trial it replaces, why, when and how many
+    revisions so far; None when nothing is to be announced again (no answer can be made, or
+    it names the same trial: ``previous`` stands)."""
+    if new is None or previous.get("trial_id") == new["trial_id"]:
+        return None
+    new["revised"] = json_safe({
+        "from": previous.get("trial_id"), "why": why, "at": at, "to": new["trial_id"],
+        "previous_predicted_final_loss": previous.get("predicted_final_loss"),
+        "revisions": int((previous.get("revised") or {}).get("revisions", 0)) + 1})
+    return new
 
 
 class EarlyAnswer:

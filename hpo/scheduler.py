@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Union
@@ -54,47 +52,28 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo import rules
-from hpo.errors import InputError, announce, exit_2_on_uncaught
-from hpo.scheduler_state import (HALTED_STATUSES, HistoryLog, RungEntry, RungRecord, SchedulerState, TrialRecord,
-                                 history_path, utc_now)
-from predictors.controls import Controls
-from predictors.schedules import SCHEDULE_NAMES, Schedule
+from hpo.early_answer import compose_early_answer, revise
+from hpo.errors import announce, exit_2_on_uncaught
+from hpo.scheduler_contract import (  # noqa: F401 - the contract's names are re-exported
+    CONTROL_KEYS, DECISION_MODES, SCHEDULE_DEFAULTS, ReportReader, SchedulerContractError, check_arguments, check_mode,
+    flat)
+from hpo.scheduler_state import (PERSIST_SHARE, RungDecision, RungEntry, RungRecord, RungWalk,  # noqa: F401
+                                 SchedulerState, StateStore, TrialRecord, TrialStatus, utc_now)
 from predictors.curves import T_HAT_EPS
-from predictors.io import finite_or_none, json_safe
+from predictors.io import json_safe
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
 logger = logging.getLogger(__name__)
 
-DECISION_MODES = ("sync", "async", "audit")
 DEFAULT_MIN_POINTS = rules.DEFAULT_MIN_POINTS
-#: A throttled state write waits at least this many times as long as the last write took.
-PERSIST_SHARE = 20
-_RAY_TO_STATUS = {Trial.PENDING: "pending", Trial.RUNNING: "running", Trial.PAUSED: "paused",
-                  Trial.TERMINATED: "completed", Trial.ERROR: "error"}
-_ALIVE = ("pending", "running", "paused")
-_OUT = ("stopped", "diverged")
-#: Controls a result (or the trial's config) must carry: without them nothing can be predicted.
-CONTROL_KEYS = ("tau", "tokens_per_param")
-#: What a result without a schedule is taken to mean (Controls.from_mapping's defaults), said once.
-SCHEDULE_DEFAULTS = {"schedule": Schedule().name, "warmup_fraction": Schedule().warmup_fraction,
-                     "decay_fraction": Schedule().decay_fraction}
-
-
-class SchedulerContractError(InputError):
-    """A trial's results break the report contract (``docs/design.md``); names the key. An
-    :class:`~hpo.errors.InputError`: the CLI prints it as one line (exit status 2)."""
-
-
-def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}/"))
-        out[f"{prefix}{key}"] = value
-        out.setdefault(str(key), value)
-    return out
+#: Ray's trial status as the scheduler's (TERMINATED: finished, unless a rung stopped it).
+_RAY_TO_STATUS = {Trial.PENDING: TrialStatus.PENDING, Trial.RUNNING: TrialStatus.RUNNING,
+                  Trial.PAUSED: TrialStatus.PAUSED, Trial.TERMINATED: TrialStatus.COMPLETED,
+                  Trial.ERROR: TrialStatus.ERROR}
+#: Ended by this scheduler's decision: such a trial is never run again.
+_OUT = (TrialStatus.STOPPED, TrialStatus.DIVERGED)
 
 
 class _RunQueue:
@@ -209,54 +188,24 @@ class CollapseScheduler(FIFOScheduler):
         min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0, resume: bool = False,
     ) -> None:
         super().__init__()
-        if not callable(getattr(predictor, "predict_final", None)):
-            raise ValueError("predictor: must have a predict_final(t_hat, loss, controls) method")
-        self._check_mode(mode)
-        fractions = [float(r) for r in rungs]
-        if not fractions or any(not (0.0 < r <= 1.0) for r in fractions):
-            raise ValueError(f"rungs: give fractions in (0, 1], got {fractions}")
-        if any(b <= a for a, b in zip(fractions, fractions[1:])):
-            raise ValueError(f"rungs: must be strictly increasing, got {fractions}")
-        if not (float(reduction_factor) > 1.0 and math.isfinite(float(reduction_factor))):
-            raise ValueError(f"reduction_factor: must be > 1, got {reduction_factor!r}")
-        if decision_mode not in DECISION_MODES:
-            raise ValueError(f"decision_mode: must be one of {DECISION_MODES}, got {decision_mode!r}")
-        if int(min_points) < 1:
-            raise ValueError(f"min_points: must be >= 1, got {min_points!r}")
-        if margin != "calibrated" and not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
-                                           and math.isfinite(margin) and margin >= 0):
-            raise ValueError(f"margin: must be 'calibrated' or a finite number >= 0, got {margin!r}")
-        if not (math.isfinite(float(margin_z)) and float(margin_z) >= 0):
-            raise ValueError(f"margin_z: must be a finite number >= 0, got {margin_z!r}")
+        fractions = check_arguments(predictor=predictor, mode=mode, rungs=rungs, reduction_factor=reduction_factor,
+                                    decision_mode=decision_mode, min_points=min_points, margin=margin,
+                                    margin_z=margin_z, tolerance=tolerance)
         self._predictor = predictor
         self._metric, self._mode, self._time_attr = metric, mode, time_attr
         self._rungs, self._rf = fractions, float(reduction_factor)
-        if tolerance is not None and not (math.isfinite(float(tolerance)) and float(tolerance) >= 0):
-            raise ValueError(f"tolerance: must be a finite loss difference >= 0, got {tolerance!r}")
         self._margin, self._z = margin, float(margin_z)
         self._tolerance = None if tolerance is None else float(tolerance)
         self._decision_mode = decision_mode
         self._state_path = Path(state_path).resolve() if state_path is not None else None
-        self._on_early_answer = on_early_answer
-        self._on_decision = on_decision
+        self._on_early_answer, self._on_decision = on_early_answer, on_decision
         self._min_points = int(min_points)
-        self._persist_interval_s = float(persist_interval_s)
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
-        self._last_save = 0.0
-        self._save_s = 0.0  # how long the last write took
         self._strict = False  # tests set True to re-raise internal errors
-        self._controls_read: set[str] = set()  # trials whose controls this process has read
-        # Per trial, (iterations_since_restore, t̂) of its last result in this process: within one
-        # run of a trainable (no restore between) t̂ may never go back.
-        self._session: dict[str, tuple[int, float]] = {}
-        self._warned: set[str] = set()
+        self._reader = ReportReader(time_attr)
+        self._store = StateStore(self._state_path, persist_interval_s)
         self._queue = _RunQueue()  # choose_trial_to_run's candidates (not persisted: Ray re-adds)
-        # _rung_ready's walk, per rung: trials before the cursor (creation order) neither
-        # block the rung nor can again without _reopen.
-        self._ids: list[str] = []
-        self._cursor: list[int] = [0] * len(fractions)
-        self._history = HistoryLog(history_path(self._state_path)) if self._state_path else None
-        self._history_started = False  # a fresh experiment truncates a stale history log once
+        self._walk = RungWalk(len(fractions))
         self._restored = False  # set by a load: choose_trial_to_run ends trials stopped before it
         self._state = SchedulerState(settings=self._settings(), experiment_id=uuid.uuid4().hex,
                                      rungs=[RungRecord(index=i, fraction=f) for i, f in enumerate(fractions)])
@@ -269,21 +218,13 @@ class CollapseScheduler(FIFOScheduler):
                 raise ValueError(f"resume: there is no state to resume at {self._state_path}")
             self._load_existing(adopt=True)
 
-    # ------------------------------------------------------------------ settings
-
-    @staticmethod
-    def _check_mode(mode: Optional[str]) -> None:
-        if mode == "max":
-            raise ValueError("mode: 'max' is not supported: CollapseScheduler predicts final losses, "
-                             "lower is better; report a loss and use mode='min'")
-        if mode not in (None, "min"):
-            raise ValueError(f"mode: must be 'min' or None, got {mode!r}")
+    # ------------------------------------------------------------------ settings (Ray: TuneConfig)
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec: Any) -> bool:
         """Take ``TuneConfig(metric, mode)``; False if they conflict with the constructor's."""
         if (self._metric and metric and metric != self._metric) or (self._mode and mode and mode != self._mode):
             return False
-        self._check_mode(mode)
+        check_mode(mode)
         self._metric = self._metric or metric
         self._mode = self._mode or mode
         return True
@@ -308,54 +249,30 @@ class CollapseScheduler(FIFOScheduler):
     def _settings(self) -> dict[str, Any]:
         return {"metric": self._metric, "mode": self._mode, "time_attr": self._time_attr,
                 "rungs": list(self._rungs), "reduction_factor": self._rf, "margin": self._margin,
-                "margin_z": self._z, "tolerance": self._tolerance, "decision_mode": self._decision_mode, "min_points": self._min_points}
+                "margin_z": self._z, "tolerance": self._tolerance, "decision_mode": self._decision_mode,
+                "min_points": self._min_points}
 
-    # ------------------------------------------------------------------ persistence
+    # ------------------------------------------------------------------ persistence (Ray keeps none)
 
     def _load_existing(self, adopt: bool = False) -> None:
         """Load the state file (on ``resume`` and when ``Tuner.restore`` unpickles us); refuse a
         file written with other settings, or (unless adopting it) by another experiment."""
-        path = self._state_path
-        if path is None or not path.exists():
+        if self._state_path is None or not self._state_path.exists():
             return
-        state = SchedulerState.load(path)
-        old = state.settings
-        state.check_compatible(self._settings(), str(path))
-        if not adopt and state.experiment_id and state.experiment_id != self._state.experiment_id:
-            raise ValueError(f"{path}: holds experiment {state.experiment_id}, not this scheduler's "
-                             f"{self._state.experiment_id}")
-        self._history_started = True
+        state = self._store.load(self._settings(), None if adopt else self._state.experiment_id)
         self._restored = True
-        self._metric = self._metric or old.get("metric")
-        self._mode = self._mode or old.get("mode")
+        self._metric = self._metric or state.settings.get("metric")
+        self._mode = self._mode or state.settings.get("mode")
         state.settings = self._settings()
         self._state = state
-        self._reindex()
+        self._walk.reindex(state)
         logger.info("CollapseScheduler: restored %d trials and %d decided rungs from %s",
-                    len(state.trials), sum(r.decided for r in state.rungs), path)
+                    len(state.trials), sum(r.decided for r in state.rungs), self._state_path)
 
     def _persist(self, force: bool = False) -> None:
-        """Write the state (atomically); throttled unless ``force``. Never raises."""
-        if self._state_path is None:
-            return
-        now = time.monotonic()
-        # The throttle grows with the cost of a write (a 10,000-trial state takes ~1 s to write):
-        # throttled writes take at most ~1/PERSIST_SHARE of the driver's time, however large
-        # the sweep. Decisions are always written at once (force).
-        if not force and now - self._last_save < max(self._persist_interval_s, self._save_s * PERSIST_SHARE):
-            return
-        try:
-            self._state.settings = self._settings()
-            if self._history is not None:
-                self._history.flush(start=not self._history_started)
-                self._history_started = True
-            self._state.save(self._state_path, with_history=False)
-            self._last_save = time.monotonic()
-            self._save_s = self._last_save - now
-        except Exception:  # noqa: BLE001 - a failed write must not kill the sweep
-            logger.exception("CollapseScheduler: could not write %s", self._state_path)
-            if self._strict:
-                raise
+        """Write the state (``StateStore.save``: throttled unless ``force``; never raises)."""
+        self._state.settings = self._settings()
+        self._store.save(self._state, force=force, strict=self._strict)
 
     def flush(self) -> None:
         """Write the state now (if ``state_path`` is set)."""
@@ -372,72 +289,36 @@ class CollapseScheduler(FIFOScheduler):
         state = SchedulerState.load(Path(checkpoint_path).resolve())
         state.check_compatible(self._settings(), str(checkpoint_path))
         self._state = state
-        self._reindex()
+        self._walk.reindex(state)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Tuner.restore unpickles the scheduler as built; the file holds what happened since.
         self.__dict__.update(state)
         self._deciding = False
-        self._controls_read = set()
-        self._session = {}
+        self._reader.reset()
         self._queue = _RunQueue()  # Trial objects of the pickling process are not this one's
-        self._save_s = 0.0
-        self._reindex()
-        if self._state_path is not None:
-            self._history = HistoryLog(history_path(self._state_path))
+        self._store.reopen()
+        self._walk.reindex(self._state)
         self._load_existing()
 
-    # ------------------------------------------------------------------ helpers
-
-    def _reindex(self) -> None:
-        """Rebuild ``_rung_ready``'s walk for a state loaded from a file."""
-        self._ids = [rec.trial_id for rec in sorted(self._state.trials.values(), key=lambda rec: rec.order)]
-        self._cursor = [0] * len(self._rungs)
-
-    def _reopen(self, trial_id: str) -> None:
-        """The trial may block a rung again (alive again, or an entry of it dropped): move the
-        walks back to it. Costs O(rungs); the walk from there is paid once."""
-        rec = self._state.trials.get(trial_id)
-        if rec is None:
-            return
-        for r, cursor in enumerate(self._cursor):
-            if rec.order < cursor:
-                self._cursor[r] = rec.order
-
-    def _blocks(self, rec: TrialRecord, rung: RungRecord) -> bool:
-        """A live trial with no (or a removed) entry at the rung: the rung must wait for it."""
-        if not self._live(rec):
-            return False
-        entry = rung.entries.get(rec.trial_id)
-        return entry is None or entry.decision == "removed"
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
+    # ------------------------------------------------------------------ the rungs
 
     def _is_last(self, r: int) -> bool:
         return r == len(self._rungs) - 1
 
-    def _live(self, rec: TrialRecord) -> bool:
-        """Still running (or waiting to) and in the rung competition."""
-        return rec.status in _ALIVE and not self._state.eliminated(rec)
-
     def compute_fraction(self) -> float:
         """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.rules.compute_fraction`)."""
-        recs = self._state.trials.values()
-        return rules.compute_fraction({r.trial_id: r.last_train_fraction for r in recs},
-                                      {r.trial_id: (r.n_params or 0) * (r.total_tokens or 0) for r in recs},
-                                      {r.trial_id: r.redone for r in recs})
+        return self._state.compute_fraction()
 
     def _margin_at(self, r: int, trial_ids: Sequence[str]) -> rules.Margin:
         """The margin of rung ``r`` for these trials (:func:`hpo.rules.rung_margin`)."""
         recs = [self._state.trials[t] for t in trial_ids if t in self._state.trials]
         return rules.rung_margin(self._predictor, self._rungs[r], [rec.sweep_values for rec in recs],
-                                 [rec.controls for rec in recs if rec.controls is not None], margin=self._margin, z=self._z,
-                                 tolerance=self._tolerance)
+                                 [rec.controls for rec in recs if rec.controls is not None], margin=self._margin,
+                                 z=self._z, tolerance=self._tolerance)
 
     def _entry(self, rec: TrialRecord, r: int) -> RungEntry:
+        """The trial's prediction at rung ``r`` (``hpo.rules.predict_at_rung``), as a waiting entry."""
         t, y = zip(*rec.history)
         pred = rules.predict_at_rung(self._predictor, t, y, rec.controls, self._rungs[r], self._min_points)
         if pred.why.startswith("predictor failed"):
@@ -452,18 +333,9 @@ class CollapseScheduler(FIFOScheduler):
                          predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty,
                          reason="" if pred.final_loss is not None else f"no prediction ({pred.why})")
 
-    @staticmethod
-    def _candidate(e: RungEntry) -> rules.Candidate:
-        return rules.Candidate(e.trial_id, e.predicted_final_loss, e.smoothed_loss, e.uncertainty)
-
-    def _words(self, r: int, keep: bool, rec: TrialRecord) -> str:
-        if self._decision_mode == "audit":
-            return "would_keep" if keep else "would_stop"
-        if keep:
-            return "keep" if self._is_last(r) else "continue"
-        return "completed" if rec.status == "completed" else "stop"
-
-    # ------------------------------------------------------------------ the rungs
+    def _verdict(self, r: int, keep: bool, rec: TrialRecord) -> RungDecision:
+        return RungDecision.verdict(keep, audit=self._decision_mode == "audit", last=self._is_last(r),
+                                    completed=rec.status == TrialStatus.COMPLETED)
 
     def _enter_rungs(self, tc: Optional["TuneController"], rec: TrialRecord, trigger: bool) -> bool:
         """Record the trial at every rung it has reached, in order, up to where it must wait;
@@ -476,59 +348,46 @@ class CollapseScheduler(FIFOScheduler):
                 break
             rung = self._state.rungs[r]
             old = rung.entries.get(rec.trial_id)
-            if old is not None and old.decision != "removed":
-                if old.decision in ("pending", "stop", "would_stop"):
+            if old is not None and old.decision != RungDecision.REMOVED:
+                if old.decision.ends_here:
                     break
                 continue
             entry = rung.entries[rec.trial_id] = self._entry(rec, r)
             if self._decision_mode != "async" and not rung.decided:
                 entry.reason = entry.reason or "waiting for the rung to be decided"
                 break
-            recorded = [self._candidate(e) for tid, e in rung.entries.items()
-                        if tid != rec.trial_id and e.decision != "pending"]
-            m = self._margin_at(r, [*(c.trial_id for c in recorded), rec.trial_id])
-            keep, reason = rules.judge_arrival(recorded, self._candidate(entry), last=self._is_last(r),
-                                               reduction_factor=self._rf, margin=m.value, margin_words=m.words,
-                                               weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
-            entry.decision = self._words(r, keep, rec)
-            entry.reason = ("late arrival: " if self._decision_mode != "async" else "") + reason
-            entry.late, entry.decided_at, entry.compute_fraction = True, utc_now(), self.compute_fraction()
-            rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
-                                                                             m.kind, m.weight)
-            if keep:
-                if rec.trial_id not in rung.survivors:
-                    rung.survivors.append(rec.trial_id)
-                if self._is_last(r) and self._decision_mode != "async" and rung.decided:
-                    # Kept after the answer was announced (it errored, was retried or resumed):
-                    # the answer follows the facts.
-                    self._revise_early_answer(f"trial {rec.trial_id} reached t̂ = {fraction:g} after the rung was "
-                                              "decided (retried after an error, or resumed) and was kept")
-                continue
-            if self._decision_mode == "audit":
-                rec.would_stop_at = fraction
-            elif rec.status != "completed":
-                self._stop(tc, rec, fraction, trigger)
-                return True
-            break
+            if not self._judge_arrival(rung, entry, rec):
+                if self._decision_mode == "audit":
+                    rec.would_stop_at = fraction
+                elif rec.status != TrialStatus.COMPLETED:
+                    self._stop(tc, rec, fraction, trigger)
+                    return True
+                break
         return False
 
-    def _rung_ready(self, r: int) -> bool:
-        """Undecided, someone waits at it, and no live trial has yet to reach it. The walk over
-        the trials resumes where the last call found one that blocked (amortised O(1) per call;
-        ``_reopen`` moves it back when a trial behind it may block again)."""
-        rung = self._state.rungs[r]
-        if rung.decided or not any(e.decision == "pending" for e in rung.entries.values()):
-            return False
-        if len(self._ids) != len(self._state.trials):
-            self._reindex()
-        ids, trials, i = self._ids, self._state.trials, self._cursor[r]
-        while i < len(ids) and not self._blocks(trials[ids[i]], rung):
-            i += 1
-        self._cursor[r] = i
-        ready = i == len(ids)
-        if self._strict:  # tests: the walk must agree with the plain definition
-            assert ready == all(not self._blocks(rec, rung) for rec in trials.values()), "rung readiness walk"
-        return ready
+    def _judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord) -> bool:
+        """An arrival at a decided rung (or any, in async mode) against the recorded
+        predictions (``hpo.rules.judge_arrival``); True if kept."""
+        r = rung.index
+        recorded = [e.candidate() for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
+        m = self._margin_at(r, [*(c.trial_id for c in recorded), rec.trial_id])
+        keep, reason = rules.judge_arrival(recorded, entry.candidate(), last=self._is_last(r),
+                                           reduction_factor=self._rf, margin=m.value, margin_words=m.words,
+                                           weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
+        entry.decision = self._verdict(r, keep, rec)
+        entry.reason = ("late arrival: " if self._decision_mode != "async" else "") + reason
+        entry.late, entry.decided_at, entry.compute_fraction = True, utc_now(), self.compute_fraction()
+        rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
+                                                                         m.kind, m.weight)
+        if keep:
+            if rec.trial_id not in rung.survivors:
+                rung.survivors.append(rec.trial_id)
+            if self._is_last(r) and self._decision_mode != "async" and rung.decided:
+                # Kept after the answer was announced (it errored, was retried or resumed):
+                # the answer follows the facts.
+                self._revise_early_answer(f"trial {rec.trial_id} reached t̂ = {rung.fraction:g} after the rung "
+                                          "was decided (retried after an error, or resumed) and was kept")
+        return keep
 
     def _try_decide(self, tc: Optional["TuneController"], trigger_id: Optional[str] = None) -> None:
         """Sync/audit: decide every rung that is ready, in order (a decision may make the next
@@ -537,7 +396,7 @@ class CollapseScheduler(FIFOScheduler):
             return
         while True:
             r = next((i for i, rung in enumerate(self._state.rungs) if not rung.decided), None)
-            if r is None or not self._rung_ready(r):
+            if r is None or not self._walk.ready(self._state, r, check=self._strict):
                 return
             for tid in self._decide_rung(tc, r, trigger_id):
                 self._enter_rungs(tc, self._state.trials[tid], trigger=(tid == trigger_id))
@@ -545,53 +404,38 @@ class CollapseScheduler(FIFOScheduler):
     def _decide_rung(self, tc: Optional["TuneController"], r: int, trigger_id: Optional[str]) -> list[str]:
         """Apply the keep rule to every trial waiting at rung ``r``; returns the survivors."""
         rung, fraction, now, compute = self._state.rungs[r], self._rungs[r], utc_now(), self.compute_fraction()
-        participants: list[RungEntry] = []
-        for e in (e for e in rung.entries.values() if e.decision == "pending"):
-            rec = self._state.trials[e.trial_id]
-            if self._decision_mode != "audit" and rec.status in HALTED_STATUSES:
-                e.decision, e.reason = "removed", f"trial {rec.status} before the rung was decided"
-                e.decided_at, e.compute_fraction = now, compute
-            else:
-                participants.append(e)
+        participants = self._state.remove_halted(rung, now, compute)
         m = self._margin_at(r, [e.trial_id for e in participants])
-        decision = rules.decide([self._candidate(e) for e in participants], m, last=self._is_last(r),
+        decision = rules.decide([e.candidate() for e in participants], m, last=self._is_last(r),
                                 reduction_factor=self._rf)
         to_stop: list[TrialRecord] = []
         kept = set(decision.kept)  # a membership test per participant: a set, not the list
         for e in participants:
             rec = self._state.trials[e.trial_id]
             keep = e.trial_id in kept
-            e.decision = self._words(r, keep, rec)
+            e.decision = self._verdict(r, keep, rec)
             reason = decision.reasons[e.trial_id]
             if e.predicted_final_loss is None:
                 reason = f"{e.reason}; kept" if e.reason else reason
-            e.reason = reason + ("; already completed" if e.decision == "completed" else "")
+            e.reason = reason + ("; already completed" if e.decision == RungDecision.COMPLETED else "")
             e.decided_at, e.compute_fraction = now, compute
             if not keep and self._decision_mode == "audit":
                 rec.would_stop_at = fraction
-            elif not keep and rec.status != "completed":
+            elif not keep and rec.status != TrialStatus.COMPLETED:
                 to_stop.append(rec)
-        order = {tid: rec.order for tid, rec in self._state.trials.items()}
-        rung.decided, rung.decided_at, rung.compute_fraction = True, now, compute
-        rung.n_participants, rung.kept_all = len(participants), decision.kept_all
-        rung.survivors = sorted(decision.kept, key=order.__getitem__)
-        rung.n_keep = len(rung.survivors)
-        rung.predicted_best, rung.current_best = decision.predicted_best, decision.current_best
-        # The margin as applied: z·σ less the tolerance (the words state both).
-        rung.margin, rung.margin_source, rung.kind, rung.order_weight = decision.margin, m.words, m.kind, m.weight
+        rung.record_decision(decision, m, participants, self._state.trials, now, compute)
         logger.info("CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
                     fraction, self._decision_mode, rung.n_keep, len(participants), rung.survivors)
         # Losers are marked stopped before the decision is persisted: a driver killed between
-        # the save and the controller's stop calls must not restore them alive.
+        # the save and the controller's stop calls must not restore them alive. The last rung's
+        # early answer is written with it (one write; no decided last rung without an answer).
         for rec in to_stop:
-            rec.status, rec.stopped_at = "stopped", fraction
-        # The early answer of the last rung is written with its decision (one write, and a
-        # driver killed between two writes cannot leave a decided last rung without one).
+            self._state.stop(rec, fraction)
         answered = self._is_last(r) and self._compose_early_answer(r)
         self._persist(force=True)
         self._notify(self._on_decision, {
             "rung": r, "fraction": fraction, "decision_mode": self._decision_mode, "kept": list(rung.survivors),
-            "stopped": [e.trial_id for e in participants if e.decision in ("stop", "would_stop")],
+            "stopped": [e.trial_id for e in participants if e.decision.stopped],
             "predicted_best": rung.predicted_best, "current_best": rung.current_best, "margin": rung.margin,
             "margin_text": self.margin_text(r), "kind": rung.kind, "kept_all": rung.kept_all,
             "compute_fraction": compute, "decided_at": now, "progress": self.progress()})
@@ -614,20 +458,14 @@ class CollapseScheduler(FIFOScheduler):
                 raise
 
     def progress(self) -> list[dict[str, Any]]:
-        """Per rung: ``fraction``, ``decided``, and how many trials ``reached`` it, are
-        ``alive`` past it (kept and not stopped), were ``stopped`` there and ``finished``."""
-        out = []
-        for rung in self._state.rungs:
-            out.append({"fraction": rung.fraction, "decided": rung.decided, "reached": len(rung.entries),
-                        "alive": sum(1 for t in rung.survivors if self._live(self._state.trials[t])),
-                        "stopped": sum(1 for rec in self._state.trials.values() if rec.stopped_at == rung.fraction),
-                        "finished": sum(1 for t in rung.survivors if self._state.trials[t].status == "completed")})
-        return out
+        """Per rung: ``fraction``, ``decided``, ``reached``, ``alive``, ``stopped``, ``finished``
+        (``SchedulerState.progress``)."""
+        return self._state.progress()
 
     def _stop(self, tc: Optional["TuneController"], rec: TrialRecord, fraction: float, trigger: bool) -> None:
         """Mark stopped; a trial other than the one reporting is stopped through the controller
         (a RUNNING one gets STOP on its next result)."""
-        rec.status, rec.stopped_at = "stopped", fraction
+        self._state.stop(rec, fraction)
         if trigger or tc is None:
             return
         # The Trial object Ray registered (found without walking its list: one walk per loser
@@ -650,79 +488,45 @@ class CollapseScheduler(FIFOScheduler):
             finally:
                 self._deciding = False
 
-    def _revise_early_answer(self, why: str) -> None:
-        """Recompute the early answer from the last rung as it stands now (a trial that errored
-        or was retried, or a resumed sweep, can arrive there after it was decided and be kept);
-        when it names another trial, announce it again (file, MLflow, terminal through
-        ``on_early_answer``) with ``revised``: the trial it replaces, why and when."""
-        old = self._state.early_answer
-        if old is None:
-            return
-        self._state.early_answer = None
-        if self._compose_early_answer(len(self._rungs) - 1, revision={"from": old.get("trial_id"), "why": why,
-                                                                      "at": utc_now(), "previous": old}):
-            self._announce_early_answer()
-        if self._state.early_answer is None:
-            self._state.early_answer = old  # nothing to rank any more: the answer stands
+    # ------------------------------------------------------------------ when the early answer is given
+
+    def _compose_early_answer(self, r: int) -> bool:
+        """Make the early answer from rung ``r`` once (``hpo.early_answer``); True if made."""
+        if self._state.early_answer is not None:
+            return False
+        self._state.early_answer = compose_early_answer(
+            self._state.rungs[r], self._state.trials, margin_for=lambda ids: self._margin_at(r, ids),
+            margin_text=self.margin_text(r), predictor=self._predictor, decision_mode=self._decision_mode,
+            compute_fraction=self.compute_fraction(), decided_at=utc_now())
+        return self._state.early_answer is not None
 
     def _announce_early_answer(self) -> None:
         """Write the state holding the new early answer, then hand it to ``on_early_answer``."""
         self._persist(force=True)
         self._notify(self._on_early_answer, dict(self._state.early_answer or {}))
 
-    def _compose_early_answer(self, r: int, revision: Optional[dict[str, Any]] = None) -> bool:
-        """Make the early answer from rung ``r`` (once; again only through ``_revise_early_answer``,
-        which passes ``revision``); True when there is a new one to announce (a revision that
-        names the same trial is not)."""
-        if self._state.early_answer is not None:
-            return False
-        rung = self._state.rungs[r]
-        kept = [rung.entries[t] for t in rung.survivors if rung.entries[t].predicted_final_loss is not None]
-        if not kept:
-            return False
-        weight = rung.order_weight
-        best = min(kept, key=lambda e: rules._rank_key(self._candidate(e), weight))
-        # P(best) among the trials ranked at this rung, by the rung's order: each score
-        # normal with the order's ranking scale / √2 (a pair's difference has the scale).
-        ranked = [e for e in rung.entries.values() if e.predicted_final_loss is not None]
-        m = self._margin_at(r, [e.trial_id for e in ranked])
-        sigma = max(m.sigma, 1e-6) / math.sqrt(2)
-        p_best = rules.probability_best([rules.score(self._candidate(e), weight) for e in ranked], [sigma] * len(ranked))
-        probability = dict(zip([e.trial_id for e in ranked], p_best)).get(best.trial_id) if m.sigma else None
-        value_error = getattr(self._predictor, "relative_error", None)
-        rec = self._state.trials[best.trial_id]
-        try:
-            e_value = value_error(self._rungs[r], rec.controls)[0] if value_error and rec.controls else None
-        except (KeyError, ValueError, TypeError):
-            e_value = None
-        self._state.early_answer = json_safe({
-            "trial_id": best.trial_id, "config": rec.config, "predicted_final_loss": best.predicted_final_loss,
-            "uncertainty": best.uncertainty, "value_error": e_value,
-            "probability_best": probability, "n_candidates": len(ranked),
-            "margin": rung.margin, "margin_text": self.margin_text(r), "kind": rung.kind,
-            "order": m.order, "order_weight": weight, "order_words": rung.margin_source,
-            "kept_all": bool(rung.kept_all), "compute_fraction": self.compute_fraction(),
-            "rung": self._rungs[r], "kept": list(rung.survivors), "current_best": rung.current_best,
-            "decision_mode": self._decision_mode, "decided_at": utc_now(),
-        })
-        if revision is not None:
-            previous = revision.pop("previous")
-            if previous.get("trial_id") == best.trial_id:
-                self._state.early_answer = previous  # the same pick: nothing to announce again
-                return False
-            self._state.early_answer["revised"] = json_safe(
-                {**revision, "to": best.trial_id, "previous_predicted_final_loss": previous.get("predicted_final_loss"),
-                 "revisions": int((previous.get("revised") or {}).get("revisions", 0)) + 1})
+    def _revise_early_answer(self, why: str) -> None:
+        """The last rung changed after its answer was announced: when the answer made now names
+        another trial, announce it again with ``revised`` (``hpo.early_answer.revise``)."""
+        old = self._state.early_answer
+        if old is None:
+            return
+        at = utc_now()
+        self._state.early_answer = None
+        new = revise(old, self._state.early_answer if self._compose_early_answer(len(self._rungs) - 1) else None,
+                     why, at)
+        self._state.early_answer = new or old
+        if new is not None:
             logger.warning("CollapseScheduler: early answer revised: trial %s replaces %s (%s)",
-                           best.trial_id, revision["from"], revision["why"])
-        return True
+                           new["trial_id"], old.get("trial_id"), why)
+            self._announce_early_answer()
 
     def _maybe_async_early_answer(self) -> None:
         """Async: the early answer once every live trial has been judged at the last rung."""
         last = self._state.rungs[-1]
         if self._decision_mode != "async" or self._state.early_answer is not None or not last.entries:
             return
-        if any(self._live(rec) and rec.trial_id not in last.entries for rec in self._state.trials.values()):
+        if any(self._state.live(rec) and rec.trial_id not in last.entries for rec in self._state.trials.values()):
             return
         last.decided_at = last.decided_at or utc_now()
         if self._compose_early_answer(len(self._rungs) - 1):
@@ -756,26 +560,16 @@ class CollapseScheduler(FIFOScheduler):
     def _on_add(self, trial: Trial) -> None:
         tid = trial.trial_id
         rec = self._state.trials.get(tid)
-        ray_status = getattr(trial, "status", Trial.PENDING)
+        ray_status = _RAY_TO_STATUS.get(getattr(trial, "status", Trial.PENDING))
         self._queue.add(trial)
         if rec is None:
             config = json_safe(dict(getattr(trial, "config", None) or {}))
             rec = self._state.trials[tid] = TrialRecord(
                 trial_id=tid, order=len(self._state.trials), config=config,
-                status=_RAY_TO_STATUS.get(ray_status, "pending"), sweep_values=rules.sweep_values(_flat(config)))
-            if len(self._ids) == rec.order:
-                self._ids.append(tid)
-            self._persist()
-            return
-        if rec.status == "error" and ray_status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED):
-            rec.status = "pending"  # retried after a failure, or resumed with resume_errored
-            self._reopen(tid)
-        elif rec.status in _ALIVE and ray_status == Trial.TERMINATED:
-            rec.status = "completed"  # it finished before our last write
-            rec.final_metric = rec.final_metric if rec.final_metric is not None else (
-                rec.history[-1][1] if rec.history else None)
-        elif rec.status in _ALIVE and ray_status == Trial.ERROR:
-            rec.status = "error"
+                status=ray_status or TrialStatus.PENDING, sweep_values=rules.sweep_values(flat(config)))
+            self._walk.add(rec)
+        elif ray_status is not None and self._state.reconcile(rec, ray_status):
+            self._walk.reopen(rec)
         self._persist()
 
     def on_trial_result(self, tune_controller: "TuneController", trial: Trial, result: Dict) -> str:
@@ -783,33 +577,12 @@ class CollapseScheduler(FIFOScheduler):
         return self._guard(self._on_result, TrialScheduler.CONTINUE, tune_controller, trial, result)
 
     def _ingest(self, rec: TrialRecord, result: Mapping[str, Any]) -> bool:
-        """Take t̂, metric, controls, sweep values and compute weights from a result; returns
-        True when the trial diverged (non-finite metric or ``diverged``)."""
-        if self._time_attr not in result or finite_or_none(result.get(self._time_attr)) is None:
-            raise SchedulerContractError(
-                f"CollapseScheduler: trial {rec.trial_id}: result has no finite {self._time_attr!r} "
-                f"(the training fraction t̂ in [0, 1]); keys: {sorted(result)[:20]}")
-        t = float(result[self._time_attr])
-        if not (-T_HAT_EPS <= t <= 1.0 + 1e-6):
-            raise SchedulerContractError(
-                f"CollapseScheduler: trial {rec.trial_id}: {self._time_attr} = {t:g} is outside [0, 1]; "
-                "report the training fraction (tokens seen / total tokens), not an iteration count or a percent")
-        if self._metric not in result:
-            raise SchedulerContractError(f"CollapseScheduler: trial {rec.trial_id}: result has no {self._metric!r}")
-        self._check_monotone(rec.trial_id, t, result.get("iterations_since_restore"))
-        for key in ("n_params", "total_tokens"):
-            value = finite_or_none(result.get(key))
-            if value is not None and value > 0:
-                setattr(rec, key, value)
-        if rec.trial_id not in self._controls_read or rec.controls is None:
-            # A trial's controls do not change: read them once per process (and until found).
-            merged = {**_flat(rec.config), **result}
-            rec.controls = self._controls(rec.trial_id, merged)
-            rec.sweep_values = rules.sweep_values(merged)
-            self._controls_read.add(rec.trial_id)
-        value = finite_or_none(result.get(self._metric))
-        if value is None or bool(result.get("diverged", False)):
-            rec.status, rec.diverged_at, rec.last_train_fraction = "diverged", t, t
+        """Take a result (``ReportReader.read`` checks it against the contract) into the
+        trial's history; returns True when the trial diverged (non-finite metric or ``diverged``)."""
+        reading = self._reader.read(rec, result, self._metric)
+        t, value = reading.t, reading.value
+        if value is None:
+            self._state.diverge(rec, t)
             logger.info("CollapseScheduler: trial %s diverged at t̂=%g", rec.trial_id, t)
             return True
         if rec.add_point(t, value, T_HAT_EPS):
@@ -817,62 +590,15 @@ class CollapseScheduler(FIFOScheduler):
             # begins again after every PAUSE): undecided rung entries made from the dropped
             # points are dropped too, and the repeated work counts in compute.
             if self._decision_mode == "sync" and t < self._rungs[0] - T_HAT_EPS:
-                self._warn_once("restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: "
-                                "its trainable does not restore checkpoints, so sync mode trains it twice up "
-                                "to each rung (use a class trainable with save/load_checkpoint, "
-                                "tune.get_checkpoint(), or decision_mode='async')", rec.trial_id, t)
-            for rung in self._state.rungs:
-                e = rung.entries.get(rec.trial_id)
-                if e is not None and e.decision == "pending" and e.train_fraction > t + T_HAT_EPS:
-                    del rung.entries[rec.trial_id]
-                    self._reopen(rec.trial_id)
-        if self._history is not None:
-            self._history.append(rec.trial_id, t, value)
+                self._reader.warn_once(
+                    "restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: its trainable "
+                    "does not restore checkpoints, so sync mode trains it twice up to each rung (use a class "
+                    "trainable with save/load_checkpoint, tune.get_checkpoint(), or decision_mode='async')",
+                    rec.trial_id, t)
+            if self._state.drop_rewound(rec, t):
+                self._walk.reopen(rec)
+        self._store.append(rec.trial_id, t, value)
         return False
-
-    def _check_monotone(self, trial_id: str, t: float, iteration: Any) -> None:
-        """Refuse t̂ going backwards within one run of a trainable. Ray counts the results since
-        the last (re)start in ``iterations_since_restore``; a smaller t̂ after a restore (a
-        checkpoint, or a trainable restarted after a pause) is a rewind the history handles, but
-        a smaller t̂ in the same run means the trainable reports something else than the
-        training fraction, and would silently rewrite the curve the rungs are decided on."""
-        if isinstance(iteration, bool) or not isinstance(iteration, int):
-            return  # no Ray bookkeeping (a hand-driven scheduler): restores cannot be told apart
-        last = self._session.get(trial_id)
-        if last is not None and iteration > last[0] and t < last[1] - T_HAT_EPS:
-            raise SchedulerContractError(
-                f"CollapseScheduler: trial {trial_id}: {self._time_attr} went back from {last[1]:g} to {t:g} "
-                f"within one run of its trainable (result {iteration} since its last restore); report the "
-                "training fraction, which only grows (tokens seen / total tokens)")
-        self._session[trial_id] = (iteration, t)
-
-    def _controls(self, trial_id: str, merged: Mapping[str, Any]) -> Controls:
-        """A trial's controls from its result and config. Without ``tau`` or ``tokens_per_param``
-        no prediction can be made and every trial would silently be kept at every rung: a
-        contract error. A missing schedule or warmup takes the default, said once per sweep
-        (a cosine run read as linear is predicted with the wrong shape)."""
-        missing = [key for key in CONTROL_KEYS if merged.get(key) is None]
-        if missing:
-            raise SchedulerContractError(
-                f"CollapseScheduler: trial {trial_id}: neither its result nor its config has "
-                f"{' or '.join(repr(k) for k in missing)} (the run's controls: AdamW timescale τ = B/(η·λ·D) and "
-                "tokens per parameter D/N); report them in every result, or nothing can be predicted and no "
-                "trial stopped")
-        absent = [key for key in SCHEDULE_DEFAULTS if merged.get(key) is None
-                  and (key != "decay_fraction" or merged.get("schedule") == "wsd")]
-        if absent:
-            assumed = ", ".join(f"{key}={SCHEDULE_DEFAULTS[key]!r}" for key in absent)
-            if "schedule" in absent:
-                assumed += " (warmup, then linear decay to zero)"
-            self._warn_once("schedule-defaults", "CollapseScheduler: trial %s reports no %s: assuming %s for every "
-                            "trial that lacks them; a run with another schedule is then predicted with the wrong "
-                            "shape: report 'schedule' (one of %s) and 'warmup_fraction' in every result", trial_id,
-                            " or ".join(repr(key) for key in absent), assumed, ", ".join(SCHEDULE_NAMES))
-        try:
-            return Controls.from_mapping(merged)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise SchedulerContractError(f"CollapseScheduler: trial {trial_id}: unusable controls: "
-                                         f"{str(exc).strip(chr(39))}") from None
 
     def _on_result(self, tc: "TuneController", trial: Trial, result: Dict) -> str:
         rec = self._state.trials.get(trial.trial_id)
@@ -882,47 +608,32 @@ class CollapseScheduler(FIFOScheduler):
                 "(on_trial_add); this scheduler instance is not the one the trial was registered with")
         if rec.status in _OUT:
             return TrialScheduler.STOP  # stopped earlier (also across a restore)
-        if rec.status not in _ALIVE:
-            self._reopen(rec.trial_id)  # alive again (a trial reporting after an error)
-        rec.status = "running"
+        if not rec.alive:
+            self._walk.reopen(rec)  # alive again (a trial reporting after an error)
+        rec.status = TrialStatus.RUNNING
         if self._ingest(rec, result):
             self._try_decide(tc)
             self._maybe_async_early_answer()
             self._persist(force=True)
             return TrialScheduler.STOP
-        if self._between_rungs(rec):
+        if self._state.between_rungs(rec):
             self._persist()
             return TrialScheduler.CONTINUE
-        stopped = self._enter_rungs(tc, rec, trigger=True)
-        if not stopped:
+        if not self._enter_rungs(tc, rec, trigger=True):
             self._try_decide(tc, trigger_id=rec.trial_id)  # a rung decision persists itself
         self._maybe_async_early_answer()
         # Async judgements of single arrivals are persisted throttled: a lost one is made again
         # when the restored trial reaches the rung.
         self._persist()
-        if rec.status == "stopped":
+        if rec.status == TrialStatus.STOPPED:
             return TrialScheduler.STOP
-        waiting = any(e.decision == "pending" and not rung.decided
-                      for rung in self._state.rungs for e in [rung.entries.get(rec.trial_id)] if e)
         # Never pause a trial that is finishing: it would run its last step twice.
-        if self._decision_mode == "sync" and waiting and not result.get("done") \
-                and rec.last_train_fraction < 1.0 - T_HAT_EPS:
-            rec.status = "paused"
+        if self._decision_mode == "sync" and self._state.waiting_rung(rec.trial_id) is not None \
+                and not result.get("done") and rec.last_train_fraction < 1.0 - T_HAT_EPS:
+            rec.status = TrialStatus.PAUSED
             self._queue.push(rec.trial_id)
             return TrialScheduler.PAUSE
         return TrialScheduler.CONTINUE
-
-    def _between_rungs(self, rec: TrialRecord) -> bool:
-        """The fast path of a result: the trial waits at no undecided rung and has not reached
-        the next rung it has no entry at, so nothing can change but its history."""
-        t = rec.history[-1][0]
-        for rung in self._state.rungs:
-            entry = rung.entries.get(rec.trial_id)
-            if entry is None or entry.decision == "removed":
-                return t < rung.fraction - T_HAT_EPS
-            if entry.decision == "pending" and not rung.decided:
-                return False
-        return True
 
     def on_trial_complete(self, tune_controller: "TuneController", trial: Trial, result: Dict) -> None:
         """A RUNNING trial finished or was stopped (by us, a stopper or the user)."""
@@ -935,26 +646,25 @@ class CollapseScheduler(FIFOScheduler):
         if self._deciding or rec.status in _OUT:
             return  # stopped by us: persisted with the decision
         if not (result and self._ingest(rec, result)):
-            rec.status = "completed"
-            rec.final_metric = rec.history[-1][1] if rec.history else None
+            self._state.complete(rec)
             self._enter_rungs(tc, rec, trigger=False)
         self._try_decide(tc)
         self._maybe_async_early_answer()
         # Throttled, except for the sweep's last trial: the report reads the state when it ends.
-        self._persist(force=not any(r.status in _ALIVE for r in self._state.trials.values()))
+        self._persist(force=not any(r.alive for r in self._state.trials.values()))
 
     def on_trial_error(self, tune_controller: "TuneController", trial: Trial) -> None:
         """A trial failed. Its absence must not block a rung; a retry re-adds it."""
-        self._guard(self._on_gone, None, tune_controller, trial, "error")
+        self._guard(self._on_gone, None, tune_controller, trial, TrialStatus.ERROR)
         self._queue.push(trial.trial_id)  # Ray may requeue it PENDING
 
     def on_trial_remove(self, tune_controller: "TuneController", trial: Trial) -> None:
         """A PAUSED or PENDING trial was stopped (by us via ``stop_trial``, or by Tune/user)."""
-        self._guard(self._on_gone, None, tune_controller, trial, "stopped")
+        self._guard(self._on_gone, None, tune_controller, trial, TrialStatus.STOPPED)
 
-    def _on_gone(self, tc: "TuneController", trial: Trial, status: str) -> None:
+    def _on_gone(self, tc: "TuneController", trial: Trial, status: TrialStatus) -> None:
         rec = self._state.trials.get(trial.trial_id)
-        if rec is None or self._deciding or rec.status in (*_OUT, "completed"):
+        if rec is None or self._deciding or rec.status in (*_OUT, TrialStatus.COMPLETED):
             return  # our own stop_trial during a decision: the decision is persisted once
         rec.status = status
         self._try_decide(tc)
@@ -1001,9 +711,7 @@ class CollapseScheduler(FIFOScheduler):
             return True
         if rec.status in _OUT:
             return False
-        return self._decision_mode != "sync" or not any(
-            e.decision == "pending" and not rung.decided
-            for rung in self._state.rungs for e in [rung.entries.get(rec.trial_id)] if e)
+        return self._decision_mode != "sync" or self._state.waiting_rung(rec.trial_id) is None
 
     # ------------------------------------------------------------------ read-only views
 

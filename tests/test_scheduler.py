@@ -1294,8 +1294,8 @@ def test_bookkeeping_is_not_quadratic_in_the_trials():
                 counts["walked"] += 1
                 yield item
 
-    live = CollapseScheduler._live
-    s._live = lambda rec: (counts.__setitem__("live", counts["live"] + 1), live(s, rec))[1]
+    live = SchedulerState.live
+    s.state.live = lambda rec: (counts.__setitem__("live", counts["live"] + 1), live(s.state, rec))[1]
     sweep = SimulatedSweep(s, runs, n_workers=8)
     sweep.trials = Counted(sweep.trials)
     outcome = sweep.run()
