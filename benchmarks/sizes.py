@@ -3,8 +3,8 @@
 What: the width-ladder bank (``configs/calibration/width_ladder.yaml``: one family at TPP 20,
 τ 0.4, two seeds per width) is split by model size N: the ``--held`` largest widths are held
 out, the rest is the calibration. For each way model size can enter a prediction
-(``hpo.calibrate.FitSettings.size_method``) the calibration is run exactly as ``hpo
-calibrate`` runs it (``hpo.calibrate.fit_and_report``: fit, leave-one-out and cross-size
+(``hpo.calibration_fit.FitSettings.size_method``) the calibration is run exactly as ``hpo
+calibrate`` runs it (``hpo.calibration_fit.fit_and_report``: fit, leave-one-out and cross-size
 errors, the distance-aware error beyond the calibrated sizes) on the smaller widths only, and
 the predictor it writes predicts every held-out run:
 
@@ -60,7 +60,8 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo.calibrate import fit_and_report, load_calibration_config  # noqa: E402
+from hpo.calibrate import load_calibration_config  # noqa: E402
+from hpo.calibration_fit import fit_and_report  # noqa: E402
 from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.held_out import predict_at  # noqa: E402
 from hpo.tables import markdown_table  # noqa: E402

@@ -127,7 +127,7 @@ _OPTIONAL = ("mle", "agreement", "loss_agreement", "loss_scale", "weight", "orde
 #: w·log(predicted final) + (1 − w)·log(loss at the rung).
 ORDER_WEIGHTS = (1.0, 0.75, 0.5, 0.25, 0.0)
 #: A ranking scale at or above this is no evidence at all (the probit fit's upper bound
-#: found no order: ``hpo.held_out.probit_scale`` caps it here).
+#: found no order: ``hpo.ranking_error.probit_scale`` caps it here).
 NO_EVIDENCE = 1.0
 
 

@@ -22,8 +22,9 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo import held_out  # noqa: E402
-from hpo.calibrate import _banked_runs, _resolve, complete_curves, load_calibration_config  # noqa: E402
+from hpo import held_out, size_choice  # noqa: E402
+from hpo.calibrate import _banked_runs, _resolve, load_calibration_config  # noqa: E402
+from hpo.calibration_fit import complete_curves  # noqa: E402
 from hpo.curve_bank import bank_curves, fill_epochs  # noqa: E402
 from predictors.io import atomic_write_json  # noqa: E402
 
@@ -38,16 +39,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     base = {"t_min": config.fit.t_min, "fit_m": config.fit.fit_m, "fit_irreducible": config.fit.irreducible_loss}
     refits = held_out.Refits(curves)
     per_size, rows = {}, {}
-    for method in held_out.size_methods(base):
+    for method in size_choice.size_methods(base):
         held = held_out.axis_predictions(curves, "leave-one-size-out", method=method, refits=refits,
                                          extrapolate=False, progress=lambda m: print(f"  {m}", flush=True))
         if held is None:
             print(f"{args.config}: one model size; nothing to choose", file=sys.stderr)
             return 2
-        per_size[method.name] = held_out.size_scores(held)
+        per_size[method.name] = size_choice.size_scores(held)
         rows[method.name] = {f"{g.value:.0f}": {f"{s:g}": r for s, r in zip(held.fractions, g.rms())}
                              for g in held.groups}
-    chosen, why = held_out.pick_within_noise(per_size)
+    chosen, why = size_choice.pick_within_noise(per_size)
     for name, groups in rows.items():
         print(f"{name}: score {100 * np.nanmean(list(per_size[name].values())):.2f}%")
         for n, by_s in groups.items():

@@ -120,7 +120,7 @@ def test_fit_and_report_leaves_out_incomplete_curves_and_reports_coverage(tmp_pa
     # A curve cut short (a NaN tail dropped by the bank) is left out with a note; the report
     # holds the cross-scale error and the coverage of the stated intervals; the predictor file
     # carries the cross-scale table. Too few complete curves is one error naming the source.
-    from hpo.calibrate import FitSettings, fit_and_report
+    from hpo.calibration_fit import FitSettings, fit_and_report
 
     truth = Predictor(SurrogateParams(0.2, -0.5, 0.3, -0.1, m=0.15))
     t = np.linspace(0.01, 1.0, 150)

@@ -193,12 +193,12 @@ def test_calibration_that_fails_after_fitting_leaves_no_predictor(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The predictor is written only once its report and figure are ready: a failure drawing the
     # figure leaves no predictor.json a user could take for a finished calibration.
-    from hpo import calibrate
+    from hpo import calibration_report
 
     def broken(*args, **kwargs):
         raise RuntimeError("figure failed")
 
-    monkeypatch.setattr(calibrate, "_render_normalized", broken)
+    monkeypatch.setattr(calibration_report, "render_normalized", broken)
     pred, out = tmp_path / "p.json", tmp_path / "out"
     code = main(["calibrate", "--from-curves", str(EXAMPLE_CURVES), "--predictor-out", str(pred),
                  "--output-dir", str(out), "--set", "fit.compare_fixed_m=false", "--set", "fit.held_out_error=false"])

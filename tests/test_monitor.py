@@ -124,7 +124,7 @@ def test_band_round_trip_and_bad_fields():
 
 
 def test_the_band_is_saved_in_the_predictor_and_measured_by_calibrate(tmp_path):
-    from hpo.calibrate import monitor_band
+    from hpo.calibration_fit import monitor_band
 
     curves = [Curve(T, clean(s), C, {"name": f"run{s}"}) for s in range(5)]
     band = monitor_band(curves, PRED)

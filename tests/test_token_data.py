@@ -199,7 +199,7 @@ def test_a_sweep_checks_the_vocabulary_and_warns_once_about_repeated_data(tmp_pa
 
 
 def test_calibration_report_names_the_runs_that_repeated_data() -> None:
-    from hpo.calibrate import _repeated_markdown, repeated_data
+    from hpo.calibration_report import _repeated_markdown, repeated_data
     from predictors import Controls, Curve
 
     def curve(name: str, epochs: float) -> Any:
