@@ -163,27 +163,31 @@ class FitSettings:
             raise ValueError(f"fit: m = {self.m!r} is outside the bounds {self.bounds.m}")
 
 
+#: The defaults of :func:`fit`'s keyword arguments: those of :class:`FitSettings`, one home.
+_DEFAULT = FitSettings()
+
+
 def fit(
     curves: Sequence[Curve],
     *,
-    t_min: float = 0.2,
-    t_max: float = 1.0,
-    fit_m: bool = False,
-    m: float = equations.PAPER_M,
-    eps1: float = equations.PAPER_EPS1,
-    eps2: float = equations.PAPER_EPS2,
-    fit_irreducible: bool = False,
-    irreducible_loss: float = 0.0,
-    grid_points: int = 200,
-    grid_size: int = 41,
-    table_size: int = 241,
-    max_iterations: int = 10,
-    refine: bool = True,
+    t_min: float = _DEFAULT.t_min,
+    t_max: float = _DEFAULT.t_max,
+    fit_m: bool = _DEFAULT.fit_m,
+    m: float = _DEFAULT.m,
+    eps1: float = _DEFAULT.eps1,
+    eps2: float = _DEFAULT.eps2,
+    fit_irreducible: bool = _DEFAULT.fit_irreducible,
+    irreducible_loss: float = _DEFAULT.irreducible_loss,
+    grid_points: int = _DEFAULT.grid_points,
+    grid_size: int = _DEFAULT.grid_size,
+    table_size: int = _DEFAULT.table_size,
+    max_iterations: int = _DEFAULT.max_iterations,
+    refine: bool = _DEFAULT.refine,
     bounds: Optional[FitBounds] = None,
     align: Optional[AlignSettings] = None,
-    decision_fractions: Sequence[float] = DECISION_FRACTIONS,
+    decision_fractions: Sequence[float] = _DEFAULT.decision_fractions,
     provenance: Optional[Mapping[str, Any]] = None,
-    size_term: bool = True,
+    size_term: bool = _DEFAULT.size_term,
 ) -> FitResult:
     """Fit (b_const, b_exp, q_const, q_exp) — and m with ``fit_m=True`` — to reference curves.
 
@@ -213,9 +217,11 @@ def fit(
     curves = list(curves)
     if not curves:
         raise ValueError("fit: no curves")
-    settings = FitSettings(t_min, t_max, fit_m, m, eps1, eps2, fit_irreducible, irreducible_loss, grid_points,
-                           grid_size, table_size, max_iterations, refine, bounds or FitBounds(),
-                           align or AlignSettings(), decision_fractions, size_term)
+    settings = FitSettings(
+        t_min=t_min, t_max=t_max, fit_m=fit_m, m=m, eps1=eps1, eps2=eps2, fit_irreducible=fit_irreducible,
+        irreducible_loss=irreducible_loss, grid_points=grid_points, grid_size=grid_size, table_size=table_size,
+        max_iterations=max_iterations, refine=refine, bounds=bounds or FitBounds(), align=align or AlignSettings(),
+        decision_fractions=decision_fractions, size_term=size_term)
     return fit_with(curves, settings, provenance)
 
 
