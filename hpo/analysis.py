@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from hpo import rules
-from hpo.scheduler_state import RungRecord, SchedulerState, TrialRecord
+from hpo.scheduler_state import RungDecision, RungRecord, SchedulerState, TrialRecord, TrialStatus
 from predictors.curves import rung_cut
 from predictors.io import finite_or_none
 from predictors.predictor import Predictor
@@ -118,13 +118,13 @@ class Report:
 # ----------------------------------------------------------------------------- helpers
 def is_diverged(rec: TrialRecord) -> bool:
     """A diverged trial: status ``diverged`` or a recorded divergence point."""
-    return rec.status == "diverged" or rec.diverged_at is not None
+    return rec.status == TrialStatus.DIVERGED or rec.diverged_at is not None
 
 
 def final_loss(rec: TrialRecord) -> Optional[float]:
     """The true final loss of a trial that completed (``predictors.smoothing.final_loss`` of
     its history: the smoothed loss at t̂ = 1)."""
-    if rec.status != "completed" or is_diverged(rec) or not rec.history:
+    if rec.status != TrialStatus.COMPLETED or is_diverged(rec) or not rec.history:
         return None
     t, y = zip(*rec.history)
     return smoothed_final_loss(t, y)
@@ -219,7 +219,7 @@ def reached_fraction(rec: TrialRecord) -> float:
     """The furthest t̂ a trial reached (last reported fraction or last history point)."""
     last = rec.history[-1][0] if rec.history else 0.0
     value = max(finite_or_none(rec.last_train_fraction) or 0.0, finite_or_none(last) or 0.0)
-    return 1.0 if rec.status == "completed" and value == 0.0 and rec.final_metric is not None else value
+    return 1.0 if rec.status == TrialStatus.COMPLETED and value == 0.0 and rec.final_metric is not None else value
 
 
 def _fmt_value(value: Any) -> str:
@@ -341,7 +341,7 @@ class Analysis:
         entries = rung.entries
         candidates = [
             tid for tid in sorted(entries, key=_order_key(self.trials))
-            if tid in self.trials and not is_diverged(self.trials[tid]) and entries[tid].decision != "removed"
+            if tid in self.trials and not is_diverged(self.trials[tid]) and entries[tid].decision != RungDecision.REMOVED
         ]
         if rung.decided:
             status = "decided"
@@ -421,13 +421,13 @@ class Analysis:
             entry = rung.entries.get(rep.best_trial)
             if out_at is not None:
                 verdict = "out"
-            elif entry is None or entry.decision == "removed":
+            elif entry is None or entry.decision == RungDecision.REMOVED:
                 verdict = "not reached"
-            elif entry.decision in ("would_stop", "stop", "completed"):
-                # "completed": the keep rule dropped a trial that had already finished.
-                verdict = "stopped" if entry.decision == "stop" else "would stop"
+            elif entry.decision.stopped or entry.decision == RungDecision.COMPLETED:
+                # COMPLETED: the keep rule dropped a trial that had already finished.
+                verdict = "stopped" if entry.decision == RungDecision.STOP else "would stop"
                 out_at = rung.fraction
-            elif entry.decision in ("would_keep", "continue", "keep"):
+            elif entry.decision.kept:
                 verdict = "kept"
             else:
                 verdict = "not decided"

@@ -29,7 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from hpo.analysis import clean_history, controls_of, is_diverged
-from hpo.scheduler_state import TrialRecord
+from hpo.scheduler_state import TrialRecord, TrialStatus
 from predictors import equations
 from predictors.io import atomic_write_with, finite_or_none
 
@@ -170,13 +170,13 @@ def plot_curves(trials: Sequence[TrialRecord], labels: dict[str, str], rungs: Se
         label = f"{rec.trial_id}: {labels.get(rec.trial_id, '')}".rstrip(": ")
         if diverged:
             label += " (diverged)"
-        elif rec.status == "stopped" and rec.stopped_at is not None:
+        elif rec.status == TrialStatus.STOPPED and rec.stopped_at is not None:
             label += f" (stopped at {rec.stopped_at:g})"
-        named = not palette.by_value or (rec.status == "completed" and finished < LEGEND_MAX)
-        finished += rec.status == "completed"
+        named = not palette.by_value or (rec.status == TrialStatus.COMPLETED and finished < LEGEND_MAX)
+        finished += rec.status == TrialStatus.COMPLETED
         ax.plot(t, y, color=color, lw=1.0 if palette.by_value else 1.3, ls=":" if diverged else "-",
                 label=label if named else None)
-        if diverged or rec.status == "stopped":
+        if diverged or rec.status == TrialStatus.STOPPED:
             ax.plot(t[-1], y[-1], marker="x", color="red" if diverged else color, ms=7 if not palette.by_value else 5,
                     mew=2 if not palette.by_value else 1.2)
         ys.append(y[t >= 0.02] if np.any(t >= 0.02) else y)
@@ -347,7 +347,7 @@ def plot_rung_predictions(rungs: Sequence[Any], labels: dict[str, str], finals: 
             entry = rung.entries.get(tid)
             if entry is None or entry.predicted_final_loss is None:
                 continue
-            stopped = entry.decision in ("stop", "would_stop")
+            stopped = entry.decision.stopped
             ax.errorbar(rung.fraction + x_off, entry.predicted_final_loss, yerr=entry.uncertainty or 0.0,
                         fmt="o", ms=6, capsize=2, lw=1.0, color=colors[tid],
                         mfc="white" if stopped else colors[tid], mew=1.4)

@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from hpo.scheduler_records import TrialStatus
+
 
 def _fmt(value: Optional[float], digits: int = 4) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
@@ -153,7 +155,7 @@ class SweepProgress(tune.Callback):
         elif force or now - self._last_log > self.log_interval_s:
             self._last_log = now
             trials = summary.get("trials", {})
-            running = sum(1 for t in trials.values() if t["status"] in ("running", "paused", "pending"))
+            running = sum(1 for t in trials.values() if TrialStatus(t["status"]).alive)
             best = summary.get("predicted_best") or {}
             console.print(f"[progress] {len(trials)} trials, {running} in the race, compute "
                           f"{100 * (summary.get('compute_fraction') or 0):.0f}%, predicted best "

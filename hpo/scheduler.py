@@ -42,7 +42,6 @@ Example:
 
 from __future__ import annotations
 
-import heapq
 import logging
 import uuid
 from pathlib import Path
@@ -57,6 +56,7 @@ from hpo.errors import announce, exit_2_on_uncaught
 from hpo.scheduler_contract import (  # noqa: F401 - the contract's names are re-exported
     CONTROL_KEYS, DECISION_MODES, SCHEDULE_DEFAULTS, ReportReader, SchedulerContractError, check_arguments, check_mode,
     flat)
+from hpo.scheduler_queue import RunQueue, first_by_walk
 from hpo.scheduler_state import (PERSIST_SHARE, RungDecision, RungEntry, RungRecord, RungWalk,  # noqa: F401
                                  SchedulerState, StateStore, TrialRecord, TrialStatus, utc_now)
 from predictors.curves import T_HAT_EPS
@@ -74,51 +74,6 @@ _RAY_TO_STATUS = {Trial.PENDING: TrialStatus.PENDING, Trial.RUNNING: TrialStatus
                   Trial.ERROR: TrialStatus.ERROR}
 #: Ended by this scheduler's decision: such a trial is never run again.
 _OUT = (TrialStatus.STOPPED, TrialStatus.DIVERGED)
-
-
-class _RunQueue:
-    """The trials ``choose_trial_to_run`` may pick, in the controller's list order, without
-    walking the list (at 10,000 trials a walk per call made Tune's loop quadratic).
-
-    Every trial is pushed when it is added (Ray re-adds one it restores or requeues after an
-    error, at the end of its list: the place is renewed), when it pauses and when a rung it
-    waited at is decided; Ray's status and the scheduler's own verdict are read when an entry
-    reaches the top of a heap, so entries are dropped lazily, never trusted. A trial Ray
-    stages to run (PAUSED -> PENDING) is in the PENDING heap as well.
-    """
-
-    def __init__(self) -> None:
-        self.trials: dict[str, Trial] = {}
-        self.place: dict[str, int] = {}
-        self.heaps: dict[str, list[tuple[int, str]]] = {Trial.PENDING: [], Trial.PAUSED: []}
-        self._count = 0
-
-    def add(self, trial: Trial) -> None:
-        self.trials[trial.trial_id] = trial
-        self.place[trial.trial_id] = self._count
-        self._count += 1
-        self.push(trial.trial_id)
-
-    def push(self, trial_id: str) -> None:
-        place = self.place.get(trial_id)
-        if place is not None:
-            for heap in self.heaps.values():
-                heapq.heappush(heap, (place, trial_id))
-
-    def first(self, status: str, may_run: Callable[[Trial], bool]) -> Optional[Trial]:
-        """The first trial (list order) with Ray ``status`` that ``may_run``; entries of trials
-        that are elsewhere or may not run are dropped (they are pushed again when that changes)."""
-        heap = self.heaps[status]
-        while heap:
-            place, tid = heap[0]
-            trial = self.trials.get(tid)
-            if trial is not None and self.place.get(tid) == place and trial.status == status and may_run(trial):
-                return trial
-            heapq.heappop(heap)
-        return None
-
-    def __len__(self) -> int:
-        return len(self.trials)
 
 
 class CollapseScheduler(FIFOScheduler):
@@ -204,7 +159,7 @@ class CollapseScheduler(FIFOScheduler):
         self._strict = False  # tests set True to re-raise internal errors
         self._reader = ReportReader(time_attr)
         self._store = StateStore(self._state_path, persist_interval_s)
-        self._queue = _RunQueue()  # choose_trial_to_run's candidates (not persisted: Ray re-adds)
+        self._queue = RunQueue()  # choose_trial_to_run's candidates (not persisted: Ray re-adds)
         self._walk = RungWalk(len(fractions))
         self._restored = False  # set by a load: choose_trial_to_run ends trials stopped before it
         self._state = SchedulerState(settings=self._settings(), experiment_id=uuid.uuid4().hex,
@@ -296,7 +251,7 @@ class CollapseScheduler(FIFOScheduler):
         self.__dict__.update(state)
         self._deciding = False
         self._reader.reset()
-        self._queue = _RunQueue()  # Trial objects of the pickling process are not this one's
+        self._queue = RunQueue()  # Trial objects of the pickling process are not this one's
         self._store.reopen()
         self._walk.reindex(self._state)
         self._load_existing()
@@ -692,18 +647,8 @@ class CollapseScheduler(FIFOScheduler):
         if chosen is not None and chosen.status == Trial.PAUSED:
             self._queue.push(chosen.trial_id)  # Ray stages it PENDING and may ask again
         if self._strict:  # tests: the queue must pick what a walk over the controller's list picks
-            assert chosen is self._choose_by_walk(trials), "choose_trial_to_run queue"
+            assert chosen is first_by_walk(trials, self._may_run), "choose_trial_to_run queue"
         return chosen
-
-    def _choose_by_walk(self, trials: Sequence[Trial]) -> Optional[Trial]:
-        """The definition: the first PENDING trial that may run, else the first PAUSED one."""
-        paused: Optional[Trial] = None
-        for trial in trials:
-            if trial.status == Trial.PENDING and self._may_run(trial):
-                return trial
-            if trial.status == Trial.PAUSED and paused is None and self._may_run(trial):
-                paused = trial
-        return paused
 
     def _may_run(self, trial: Trial) -> bool:
         rec = self._state.trials.get(trial.trial_id)

@@ -91,6 +91,14 @@ class RungDecision(StrEnum):
         return RungDecision.COMPLETED if completed else RungDecision.STOP
 
 
+def verdict(status: Any, stopped_at: Optional[float]) -> str:
+    """A trial's verdict in words (its MLflow ``status`` tag): ``stopped_at_<fraction>`` for a
+    trial a rung stopped, else its status."""
+    if status == TrialStatus.STOPPED and stopped_at is not None:
+        return f"stopped_at_{stopped_at:g}"
+    return str(status)
+
+
 #: Trial statuses as the scheduler sees them (the strings of :class:`TrialStatus`).
 TRIAL_STATUSES = tuple(TrialStatus)
 #: Statuses after which a trial takes no further part in any rung.
@@ -148,8 +156,10 @@ class RungEntry:
         entry.smoothed_loss = _opt_float(entry.smoothed_loss)
         entry.predicted_final_loss = _opt_float(entry.predicted_final_loss)
         entry.uncertainty = _opt_float(entry.uncertainty)
-        entry.decision = _member(RungDecision, entry.decision, f"rung entry {entry.trial_id}: unknown decision")
         return entry
+
+    def __post_init__(self) -> None:
+        self.decision = _member(RungDecision, self.decision, f"rung entry {self.trial_id}: unknown decision")
 
     @property
     def waiting(self) -> bool:
@@ -295,6 +305,7 @@ class TrialRecord:
     redone: float = 0.0
 
     def __post_init__(self) -> None:
+        self.status = _member(TrialStatus, self.status, f"trial {self.trial_id}: unknown status")
         if isinstance(self.controls, Mapping):  # as written in the state file
             try:
                 self.controls = Controls.from_mapping(self.controls)
@@ -340,7 +351,6 @@ class TrialRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrialRecord":
         rec = cls(**_known(cls, data))
-        rec.status = _member(TrialStatus, rec.status, f"trial {rec.trial_id}: unknown status")
         rec.history = [[float(t), float(v)] for t, v in rec.history or []]
         rec.config = dict(rec.config or {})
         rec.last_train_fraction = float(rec.last_train_fraction or 0.0)

@@ -59,7 +59,7 @@ from hpo import rules
 
 from hpo.scheduler_records import (  # noqa: F401 - the records are re-exported: one import for readers
     DECISIONS, HALTED_STATUSES, TERMINAL_STATUSES, TRIAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
-    TrialStatus, _as_is, _plain_json, _str_keys)
+    TrialStatus, _as_is, _plain_json, _str_keys, verdict)
 from predictors.curves import T_HAT_EPS
 from predictors.io import atomic_write_text, finite_or_none, json_safe  # noqa: F401 - finite_or_none re-exported
 
@@ -245,9 +245,7 @@ class SchedulerState:
         rec = self.trials.get(trial_id)
         if rec is None:
             return "unknown"
-        if rec.status == TrialStatus.STOPPED and rec.stopped_at is not None:
-            return f"stopped_at_{rec.stopped_at:g}"
-        return str(rec.status)
+        return verdict(rec.status, rec.stopped_at)
 
     def summary(self, compute_fraction: float) -> dict[str, Any]:
         """A JSON-safe snapshot for progress displays: ``decision_mode``, ``metric``, ``mode``,

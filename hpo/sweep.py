@@ -28,6 +28,7 @@ from typing import Any, Optional
 import yaml
 
 from hpo.output_lock import hold_folder
+from hpo.scheduler_records import TrialStatus
 from hpo.overrides import ConfigError, read_yaml
 from hpo.sweep_config import SweepConfig, load_sweep_config
 from hpo.tracking_uri import (TrackingUriError, check_tracking_uri, is_relative_sqlite, strip_credentials,
@@ -321,21 +322,16 @@ def _state(output: Path) -> dict[str, Any]:
 
 def verdict_from_state(trial: dict[str, Any]) -> str:
     """The MLflow status tag of a trial from its persisted scheduler record."""
-    status = trial.get("status")
-    if status == "diverged":
-        return "diverged"
-    if status == "stopped" and trial.get("stopped_at") is not None:
-        return f"stopped_at_{trial['stopped_at']:g}"
-    if status == "error":
-        return "error"
-    return "completed" if status == "completed" else str(status)
+    from hpo.scheduler_records import verdict
+
+    return verdict(trial.get("status"), trial.get("stopped_at"))
 
 
 def diverged_trials(state: dict[str, Any]) -> list[dict[str, Any]]:
     """The scheduler records of trials that diverged, in trial order."""
     trials = state.get("trials", {})
     return [dict(t, trial_id=tid) for tid, t in sorted(trials.items(), key=lambda kv: kv[1].get("order", 0))
-            if t.get("status") == "diverged" or t.get("diverged_at") is not None]
+            if t.get("status") == TrialStatus.DIVERGED or t.get("diverged_at") is not None]
 
 
 def _execute(config: SweepConfig, output: Path, address: Optional[str], restore: bool,
@@ -431,7 +427,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         for trial_id, trial in state.get("trials", {}).items():
             try:
                 tracker.close_child(trial_id, verdict_from_state(trial),
-                                    "FAILED" if trial.get("status") == "error" else "FINISHED")
+                                    "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
             except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
                 pass
         tracker.log_parent_artifacts([output / "report", output / STATE_FILE,

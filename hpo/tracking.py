@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Optional
 from ray import tune
 
 from hpo.errors import InputError
+from hpo.scheduler_records import TERMINAL_STATUSES, TrialStatus
 from hpo.tracking_uri import sqlite_path, strip_credentials
 from predictors import run_keys
 from predictors.io import atomic_write_json, dumps
@@ -89,7 +90,7 @@ def decision_artifact(rung: int) -> str:
     """The artifact path of the published decision at rung index ``rung``."""
     return f"{PUBLISHED_DIR}/rung_{rung}.json"
 #: Scheduler statuses of a trial that will not train again.
-FINISHED_STATUSES = ("completed", "stopped", "diverged", "error")
+FINISHED_STATUSES = TERMINAL_STATUSES
 
 
 def absolute_tracking_uri(uri: str) -> str:
@@ -286,7 +287,7 @@ class SweepTracker:
             run = client.create_run(
                 self.experiment_id(), run_name=trial_name,
                 tags={"mlflow.parentRunId": self.parent_run_id(), "trial_id": trial_id,
-                      "status": "running"},
+                      "status": str(TrialStatus.RUNNING)},
             )
             run_id = run.info.run_id
         if self._ids["trials"].get(trial_id) != run_id:
@@ -317,7 +318,7 @@ class SweepTracker:
             if record is None or record.get("status") not in FINISHED_STATUSES:
                 continue
             if self.client.get_run(run_id).info.status == "RUNNING":
-                self.close_child(trial_id, verdict(record), "FAILED" if record.get("status") == "error" else "FINISHED")
+                self.close_child(trial_id, verdict(record), "FAILED" if record.get("status") == TrialStatus.ERROR else "FINISHED")
                 closed += 1
         return closed
 
@@ -382,7 +383,7 @@ def record_stop(client: Any, parent_run_id: str, stop: dict[str, Any]) -> int:
         # driver's own teardown on Ray's SIGTERM while its trial still trained (its status tag
         # still "running"; a trial that really failed carries "error", a finished one its verdict).
         if child.info.status in ("RUNNING", "SCHEDULED") or (
-                child.info.status == "FAILED" and child.data.tags.get("status") == "running"):
+                child.info.status == "FAILED" and child.data.tags.get("status") == TrialStatus.RUNNING):
             client.set_tag(child.info.run_id, "status", "killed")
             client.set_terminated(child.info.run_id, status="KILLED")
             ended += 1
@@ -447,10 +448,10 @@ class MlflowSweepCallback(tune.Callback):
             client.log_batch(run_id, metrics=metrics)
 
     def _close(self, trial: Any, failed: bool) -> None:
-        status = "error" if failed else self.trial_status(trial.trial_id)
+        status = TrialStatus.ERROR if failed else self.trial_status(trial.trial_id)
         last = getattr(trial, "last_result", None) or {}
         final = last.get("smoothed_loss")
-        if (status == "completed" and isinstance(final, (int, float)) and math.isfinite(float(final))
+        if (status == TrialStatus.COMPLETED and isinstance(final, (int, float)) and math.isfinite(float(final))
                 and float(last.get("train_fraction", 0.0)) >= 1.0 - 1e-9):
             # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.
             from mlflow.entities import Metric
