@@ -9,7 +9,7 @@ t̂ = 0.4 (the trainer's resume is exact, so the two share every step before it)
 
 * ``lr_x2_at_resume`` (η = 0.01): the resumed run's peak LR is doubled, as when a resume picks
   up a config with another batch-size/LR scaling;
-* ``data_replay_at_restarts`` (η = 0.02): the job restarts at t̂ 0.4, 0.55, 0.7 and 0.85 and each
+* ``data_replay_at_restarts`` (η = 0.02): the job restarts at t̂ ≈ 0.4, 0.55, 0.7 and 0.85 and each
   restart re-seeds the data loader instead of restoring its state, so the stream replays its
   first batches after every restart (a loader whose position is not checkpointed).
 
