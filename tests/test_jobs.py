@@ -261,6 +261,17 @@ def test_submit_watch_answer_and_stop_after_the_end(services) -> None:
     text = hpo("status", *cluster_args(cluster, server))
     assert job in text.stdout and "rung t̂ = 0.2 (decided): 4 reached" in text.stdout
     assert "Early answer at t̂ = 0.4" in text.stdout and "[bold" not in text.stdout
+    # The monitor's verdicts (issue 26): status counts the sweep's trials and names any in alarm;
+    # `hpo monitor --job` reads those same trials' curves from MLflow.
+    assert done["monitor"]["trials"] == 4 and len(done["monitor"]["last_residual"]) >= 1
+    assert "  monitor: " in text.stdout
+    watched = hpo("monitor", "--job", job, "--json", *cluster_args(cluster, server))
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    rows = json.loads(watched.stdout)["runs"]
+    children = client.search_runs([client.get_run(done["published"]["run_id"]).info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{done['published']['run_id']}'")
+    assert sorted(r["run_id"] for r in rows) == sorted(c.info.run_id for c in children)
+    assert {r["status"] for r in rows} <= {"aligning", "ok", "alarm"} and any(r["status"] != "aligning" for r in rows)
 
     logs = hpo("logs", job, *cluster_args(cluster, server))
     assert logs.returncode == 0 and "Early answer" in logs.stdout
