@@ -268,7 +268,7 @@ def _groups_markdown(info: dict[str, Any], s_words: str) -> list[str]:
 def _ranking_markdown(summary: dict[str, Any]) -> list[str]:
     """The ranking-error section of calibration.md (predictors.ranking)."""
     from hpo.tables import markdown_table
-    from predictors.ranking import SWEEP_KINDS
+    from predictors.kinds import SWEEP_KINDS
 
     lines: list[str] = []
     for mode, info in summary["modes"].items():

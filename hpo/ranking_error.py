@@ -18,8 +18,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from hpo.held_out import SCALE_GROUPINGS, HeldOutPredictions, Method, Refits, groups_of, prediction_at, refit_method
+from hpo.rules import SWEEP_VALUE_KEYS
 from predictors import Curve
 from predictors.curves import controls_with_size, curve_size, rung_cut
+from predictors.kinds import SWEEP_KINDS
 from predictors.predictor import DECISION_FRACTIONS, Predictor
 
 #: Most refits a ranking-error measurement makes: sweeps are held out together, in this many
@@ -44,7 +46,6 @@ def sweep_items(curves: Sequence[Curve]) -> dict[str, dict[str, Any]]:
 def ranking_groups(curves: Sequence[Curve]) -> dict[str, list[list[int]]]:
     """Kind of sweep → its sweeps in the bank, as lists of curve indices (``hpo.rules``)."""
     from hpo import rules
-    from predictors.ranking import SWEEP_KINDS
 
     items = sweep_items(curves)
     index = {name: i for i, name in enumerate(items)}
@@ -283,7 +284,7 @@ def seed_noise(curves: Sequence[Curve]) -> Optional[tuple[float, str]]:
     for c, (name, values) in zip(curves, items.items()):
         key = tuple(None if values.get(k) is None else (round(math.log(values[k]), 2) if isinstance(values[k], float)
                                                       and values[k] > 0 else values[k])
-                    for k in ("eta", "batch_size", "weight_decay", "tau", "tokens_per_param", "n_params", "schedule"))
+                    for k in SWEEP_VALUE_KEYS)
         by_config.setdefault(key, []).append(math.log(c.final_loss))
     groups = [np.asarray(v) for v in by_config.values() if len(v) >= 2]
     dof = sum(g.size - 1 for g in groups)
