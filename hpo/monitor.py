@@ -113,7 +113,7 @@ class CurveSource:
             if self.experiment:
                 imported = load_mlflow_curves(self.experiment, tracking_uri=self.tracking_uri, metric=self.metric,
                                               smoothing_fraction=self.smoothing_fraction, complete_only=False)
-                return imported, _all_ended(imported)
+                return imported, _all_ended(imported, self.tracking_uri)
             parent = self._parent()
             if parent is None:
                 return None, False
@@ -136,13 +136,16 @@ class CurveSource:
             raise InputError(str(exc)) from None
 
 
-def _all_ended(imported: Any) -> bool:
+def _all_ended(imported: Any, tracking_uri: Optional[str]) -> bool:
     """Whether every MLflow run of ``imported`` has ended (its status is no longer RUNNING)."""
+    import os
+
     from mlflow.tracking import MlflowClient
 
     from hpo.tracking_uri import use_credentials
 
-    uri = imported.source.split(":", 1)[1].rsplit("#", 1)[0]
+    # The URI given (a database URI keeps its password), else the default store the import found.
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or imported.source.split(":", 1)[1].rsplit("#", 1)[0]
     client = MlflowClient(tracking_uri=use_credentials(uri))
     return all(client.get_run(str(c.meta["name"])).info.status not in ("RUNNING", "SCHEDULED")
                for c in imported.curves)

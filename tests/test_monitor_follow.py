@@ -164,3 +164,19 @@ def test_status_shows_each_trials_alarm(sweep):
     text = format_state(state)
     assert "monitor: 1 of 2 trial(s) in ALARM" in text
     assert "trial_drift: loss above its collapse band since t̂ = 0.712, residual now +4.60%" in text
+
+
+def test_follow_an_experiment_ends_when_its_runs_have_ended(sweep, predictor):
+    from hpo.monitor import CurveSource, follow
+    from predictors import Predictor
+
+    sweep.grow(1.0)
+    source = CurveSource(experiment=sweep.experiment, tracking_uri=sweep.uri)
+    said: list[str] = []
+    follow(source, Predictor.load(predictor), None, every=0.0, say=said.append, max_polls=2)
+    assert said[-1] == "stopped following: 1 alarm(s) in 2 run(s)"  # still RUNNING after two reads
+    assert len(said) == 3  # one line per run, not repeated at the second read
+    sweep.end()
+    said.clear()
+    follow(source, Predictor.load(predictor), None, every=0.0, say=said.append)
+    assert said[-1] == "all runs ended: 1 alarm(s) in 2 run(s)" and len(said) == 3
