@@ -41,3 +41,18 @@ def test_too_few_widths_is_refused(monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     assert _module().main(["--held", "9", "--md", "/dev/null"]) == 2
     assert "widths banked" in capsys.readouterr().err
+
+
+def test_predictors_as_they_ship_are_scored_per_width(tmp_path, monkeypatch, capsys):
+    # --predictors: no calibration; the shipped file predicts every ladder width as it is, and
+    # each row says whether that width is one of its calibrated sizes (issue 28).
+    monkeypatch.chdir(REPO)
+    md = tmp_path / "shipped.md"
+    assert _module().main(["--predictors", "hpo/data/predictors/default.json", "--md", str(md)]) == 0
+    rows = [line for line in md.read_text().splitlines() if line.startswith("|") and "%" in line]
+    widths = [cells[1].strip() for cells in (row.strip("|").split("|") for row in rows)]
+    assert widths[-1] == "all widths" and len(widths) == 7  # six ladder widths and the pool
+    calibrated = {cells[1].strip(): cells[2].strip() for cells in (row.strip("|").split("|") for row in rows)}
+    assert calibrated["100,672"] == "yes, other runs" and calibrated["1,198,176"] == "no"
+    assert _module().main(["--predictors", str(tmp_path / "none.json"), "--md", str(md)]) == 2
+    assert "none.json: no such file" in capsys.readouterr().err
