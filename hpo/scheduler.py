@@ -4,7 +4,11 @@ At each decision fraction ("rung", e.g. t̂ = 0.1, 0.2, 0.3 of training) every t
 smoothed loss curve is handed to the predictor (paper §5 step 5) and the trials are ranked by
 their predicted final loss. The rules live in :mod:`hpo.rules` (the cut, the prediction at a
 rung, the kind of sweep, the keep rule and its margin, the probability that the pick is the
-best, compute accounting); this module is Ray's hooks plus the trials' state transitions.
+best, compute accounting). This module is what Ray Tune calls (``TrialScheduler``'s hooks) and
+when to decide; around it, one concept each: ``hpo.scheduler_judge`` (the rules applied at a
+rung), ``hpo.scheduler_records``/``hpo.scheduler_state`` (trials, rungs, their transitions and
+their file), ``hpo.scheduler_contract`` (what a result must carry), ``hpo.scheduler_queue``
+(which trial runs next) and ``hpo.early_answer`` (what the answer says).
 
 Decision modes:
 
@@ -53,12 +57,12 @@ from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 from hpo import rules
 from hpo.early_answer import compose_early_answer, revise
 from hpo.errors import announce, exit_2_on_uncaught
-from hpo.scheduler_contract import (  # noqa: F401 - the contract's names are re-exported
-    CONTROL_KEYS, DECISION_MODES, SCHEDULE_DEFAULTS, ReportReader, SchedulerContractError, check_arguments, check_mode,
-    flat)
+from hpo.scheduler_contract import (ReportReader, SchedulerContractError, check_arguments,  # noqa: F401
+                                    check_mode, flat)
+from hpo.scheduler_judge import RungJudge
 from hpo.scheduler_queue import RunQueue, first_by_walk
-from hpo.scheduler_state import (PERSIST_SHARE, RungDecision, RungEntry, RungRecord, RungWalk,  # noqa: F401
-                                 SchedulerState, StateStore, TrialRecord, TrialStatus, utc_now)
+from hpo.scheduler_state import (RungDecision, RungRecord, RungWalk, SchedulerState, StateStore, TrialRecord,
+                                 TrialStatus, utc_now)
 from predictors.curves import T_HAT_EPS
 from predictors.io import json_safe
 
@@ -146,17 +150,13 @@ class CollapseScheduler(FIFOScheduler):
         fractions = check_arguments(predictor=predictor, mode=mode, rungs=rungs, reduction_factor=reduction_factor,
                                     decision_mode=decision_mode, min_points=min_points, margin=margin,
                                     margin_z=margin_z, tolerance=tolerance)
-        self._predictor = predictor
         self._metric, self._mode, self._time_attr = metric, mode, time_attr
-        self._rungs, self._rf = fractions, float(reduction_factor)
-        self._margin, self._z = margin, float(margin_z)
-        self._tolerance = None if tolerance is None else float(tolerance)
-        self._decision_mode = decision_mode
+        self._rungs, self._decision_mode = fractions, decision_mode
+        self._judge = RungJudge(predictor, fractions, float(reduction_factor), margin, float(margin_z),
+                                None if tolerance is None else float(tolerance), int(min_points), decision_mode)
         self._state_path = Path(state_path).resolve() if state_path is not None else None
         self._on_early_answer, self._on_decision = on_early_answer, on_decision
-        self._min_points = int(min_points)
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
-        self._strict = False  # tests set True to re-raise internal errors
         self._reader = ReportReader(time_attr)
         self._store = StateStore(self._state_path, persist_interval_s)
         self._queue = RunQueue()  # choose_trial_to_run's candidates (not persisted: Ray re-adds)
@@ -164,13 +164,7 @@ class CollapseScheduler(FIFOScheduler):
         self._restored = False  # set by a load: choose_trial_to_run ends trials stopped before it
         self._state = SchedulerState(settings=self._settings(), experiment_id=uuid.uuid4().hex,
                                      rungs=[RungRecord(index=i, fraction=f) for i, f in enumerate(fractions)])
-        if self._state_path is not None and self._state_path.exists() and not resume:
-            other = SchedulerState.load(self._state_path).experiment_id or "unknown"
-            raise ValueError(f"state_path: {self._state_path} holds the state of experiment {other}; "
-                             "pass resume=True to continue it, or give a new path")
-        if resume:
-            if self._state_path is None or not self._state_path.exists():
-                raise ValueError(f"resume: there is no state to resume at {self._state_path}")
+        if self._store.check_start(resume):
             self._load_existing(adopt=True)
 
     # ------------------------------------------------------------------ settings (Ray: TuneConfig)
@@ -197,15 +191,21 @@ class CollapseScheduler(FIFOScheduler):
         return tuple(self._rungs)
 
     @property
+    def _strict(self) -> bool:
+        """Tests set it: internal errors (and failed predictions) raise instead of being logged."""
+        return self._judge.strict
+
+    @_strict.setter
+    def _strict(self, value: bool) -> None:
+        self._judge.strict = value
+
+    @property
     def state(self) -> SchedulerState:
         """The live state (read it, do not mutate it)."""
         return self._state
 
     def _settings(self) -> dict[str, Any]:
-        return {"metric": self._metric, "mode": self._mode, "time_attr": self._time_attr,
-                "rungs": list(self._rungs), "reduction_factor": self._rf, "margin": self._margin,
-                "margin_z": self._z, "tolerance": self._tolerance, "decision_mode": self._decision_mode,
-                "min_points": self._min_points}
+        return {"metric": self._metric, "mode": self._mode, "time_attr": self._time_attr, **self._judge.settings()}
 
     # ------------------------------------------------------------------ persistence (Ray keeps none)
 
@@ -265,33 +265,6 @@ class CollapseScheduler(FIFOScheduler):
         """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.rules.compute_fraction`)."""
         return self._state.compute_fraction()
 
-    def _margin_at(self, r: int, trial_ids: Sequence[str]) -> rules.Margin:
-        """The margin of rung ``r`` for these trials (:func:`hpo.rules.rung_margin`)."""
-        recs = [self._state.trials[t] for t in trial_ids if t in self._state.trials]
-        return rules.rung_margin(self._predictor, self._rungs[r], [rec.sweep_values for rec in recs],
-                                 [rec.controls for rec in recs if rec.controls is not None], margin=self._margin,
-                                 z=self._z, tolerance=self._tolerance)
-
-    def _entry(self, rec: TrialRecord, r: int) -> RungEntry:
-        """The trial's prediction at rung ``r`` (``hpo.rules.predict_at_rung``), as a waiting entry."""
-        t, y = zip(*rec.history)
-        pred = rules.predict_at_rung(self._predictor, t, y, rec.controls, self._rungs[r], self._min_points)
-        if pred.why.startswith("predictor failed"):
-            logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, pred.why)
-            if self._strict:
-                raise RuntimeError(pred.why)
-        if pred.final_loss is not None:
-            rec.latest_prediction = {"rung": self._rungs[r], "train_fraction": pred.train_fraction,
-                                     "final_loss": pred.final_loss, "uncertainty": pred.uncertainty}
-        return RungEntry(trial_id=rec.trial_id, train_fraction=float(pred.train_fraction or t[-1]),
-                         smoothed_loss=pred.loss, n_points=pred.n_points,
-                         predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty,
-                         reason="" if pred.final_loss is not None else f"no prediction ({pred.why})")
-
-    def _verdict(self, r: int, keep: bool, rec: TrialRecord) -> RungDecision:
-        return RungDecision.verdict(keep, audit=self._decision_mode == "audit", last=self._is_last(r),
-                                    completed=rec.status == TrialStatus.COMPLETED)
-
     def _enter_rungs(self, tc: Optional["TuneController"], rec: TrialRecord, trigger: bool) -> bool:
         """Record the trial at every rung it has reached, in order, up to where it must wait;
         arrivals at decided rungs (and every arrival in async mode) are judged at once
@@ -307,11 +280,17 @@ class CollapseScheduler(FIFOScheduler):
                 if old.decision.ends_here:
                     break
                 continue
-            entry = rung.entries[rec.trial_id] = self._entry(rec, r)
+            entry = rung.entries[rec.trial_id] = self._judge.entry(rec, r)
             if self._decision_mode != "async" and not rung.decided:
                 entry.reason = entry.reason or "waiting for the rung to be decided"
                 break
-            if not self._judge_arrival(rung, entry, rec):
+            keep = self._judge.judge_arrival(rung, entry, rec, self._state.trials, utc_now(), self.compute_fraction())
+            if keep and self._is_last(r) and self._decision_mode != "async" and rung.decided:
+                # Kept after the answer was announced (it errored, was retried or resumed):
+                # the answer follows the facts.
+                self._revise_early_answer(f"trial {rec.trial_id} reached t̂ = {fraction:g} after the rung was "
+                                          "decided (retried after an error, or resumed) and was kept")
+            if not keep:
                 if self._decision_mode == "audit":
                     rec.would_stop_at = fraction
                 elif rec.status != TrialStatus.COMPLETED:
@@ -319,30 +298,6 @@ class CollapseScheduler(FIFOScheduler):
                     return True
                 break
         return False
-
-    def _judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord) -> bool:
-        """An arrival at a decided rung (or any, in async mode) against the recorded
-        predictions (``hpo.rules.judge_arrival``); True if kept."""
-        r = rung.index
-        recorded = [e.candidate() for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
-        m = self._margin_at(r, [*(c.trial_id for c in recorded), rec.trial_id])
-        keep, reason = rules.judge_arrival(recorded, entry.candidate(), last=self._is_last(r),
-                                           reduction_factor=self._rf, margin=m.value, margin_words=m.words,
-                                           weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
-        entry.decision = self._verdict(r, keep, rec)
-        entry.reason = ("late arrival: " if self._decision_mode != "async" else "") + reason
-        entry.late, entry.decided_at, entry.compute_fraction = True, utc_now(), self.compute_fraction()
-        rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
-                                                                         m.kind, m.weight)
-        if keep:
-            if rec.trial_id not in rung.survivors:
-                rung.survivors.append(rec.trial_id)
-            if self._is_last(r) and self._decision_mode != "async" and rung.decided:
-                # Kept after the answer was announced (it errored, was retried or resumed):
-                # the answer follows the facts.
-                self._revise_early_answer(f"trial {rec.trial_id} reached t̂ = {rung.fraction:g} after the rung "
-                                          "was decided (retried after an error, or resumed) and was kept")
-        return keep
 
     def _try_decide(self, tc: Optional["TuneController"], trigger_id: Optional[str] = None) -> None:
         """Sync/audit: decide every rung that is ready, in order (a decision may make the next
@@ -360,25 +315,7 @@ class CollapseScheduler(FIFOScheduler):
         """Apply the keep rule to every trial waiting at rung ``r``; returns the survivors."""
         rung, fraction, now, compute = self._state.rungs[r], self._rungs[r], utc_now(), self.compute_fraction()
         participants = self._state.remove_halted(rung, now, compute)
-        m = self._margin_at(r, [e.trial_id for e in participants])
-        decision = rules.decide([e.candidate() for e in participants], m, last=self._is_last(r),
-                                reduction_factor=self._rf)
-        to_stop: list[TrialRecord] = []
-        kept = set(decision.kept)  # a membership test per participant: a set, not the list
-        for e in participants:
-            rec = self._state.trials[e.trial_id]
-            keep = e.trial_id in kept
-            e.decision = self._verdict(r, keep, rec)
-            reason = decision.reasons[e.trial_id]
-            if e.predicted_final_loss is None:
-                reason = f"{e.reason}; kept" if e.reason else reason
-            e.reason = reason + ("; already completed" if e.decision == RungDecision.COMPLETED else "")
-            e.decided_at, e.compute_fraction = now, compute
-            if not keep and self._decision_mode == "audit":
-                rec.would_stop_at = fraction
-            elif not keep and rec.status != TrialStatus.COMPLETED:
-                to_stop.append(rec)
-        rung.record_decision(decision, m, participants, self._state.trials, now, compute)
+        to_stop = self._judge.decide(rung, participants, self._state.trials, now, compute)
         logger.info("CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
                     fraction, self._decision_mode, rung.n_keep, len(participants), rung.survivors)
         # Losers are marked stopped before the decision is persisted: a driver killed between
@@ -386,14 +323,10 @@ class CollapseScheduler(FIFOScheduler):
         # early answer is written with it (one write; no decided last rung without an answer).
         for rec in to_stop:
             self._state.stop(rec, fraction)
-        answered = self._is_last(r) and self._compose_early_answer(r)
+        answered = self._is_last(r) and self._compose_early_answer()
         self._persist(force=True)
-        self._notify(self._on_decision, {
-            "rung": r, "fraction": fraction, "decision_mode": self._decision_mode, "kept": list(rung.survivors),
-            "stopped": [e.trial_id for e in participants if e.decision.stopped],
-            "predicted_best": rung.predicted_best, "current_best": rung.current_best, "margin": rung.margin,
-            "margin_text": self.margin_text(r), "kind": rung.kind, "kept_all": rung.kept_all,
-            "compute_fraction": compute, "decided_at": now, "progress": self.progress()})
+        self._notify(self._on_decision, rung.announcement(self._decision_mode, participants, self.margin_text(r),
+                                                          self.progress()))
         for tid in rung.survivors:
             self._queue.push(tid)  # no longer waiting: may be chosen to run
         if answered:
@@ -423,10 +356,7 @@ class CollapseScheduler(FIFOScheduler):
         self._state.stop(rec, fraction)
         if trigger or tc is None:
             return
-        # The Trial object Ray registered (found without walking its list: one walk per loser
-        # was quadratic at 10,000 trials); one never registered here is looked up.
-        trial = self._queue.trials.get(rec.trial_id) or next(
-            (t for t in tc.get_trials() if t.trial_id == rec.trial_id), None)
+        trial = self._queue.find(rec.trial_id, tc)
         if trial is not None:
             self._terminate(tc, trial)
 
@@ -445,15 +375,19 @@ class CollapseScheduler(FIFOScheduler):
 
     # ------------------------------------------------------------------ when the early answer is given
 
-    def _compose_early_answer(self, r: int) -> bool:
-        """Make the early answer from rung ``r`` once (``hpo.early_answer``); True if made."""
-        if self._state.early_answer is not None:
-            return False
-        self._state.early_answer = compose_early_answer(
-            self._state.rungs[r], self._state.trials, margin_for=lambda ids: self._margin_at(r, ids),
-            margin_text=self.margin_text(r), predictor=self._predictor, decision_mode=self._decision_mode,
-            compute_fraction=self.compute_fraction(), decided_at=utc_now())
+    def _compose_early_answer(self) -> bool:
+        """Make the early answer from the last rung, once (``hpo.early_answer``); True if made."""
+        if self._state.early_answer is None:
+            self._state.early_answer = self._early_answer()
         return self._state.early_answer is not None
+
+    def _early_answer(self) -> Optional[dict[str, Any]]:
+        r, trials = len(self._rungs) - 1, self._state.trials
+        return compose_early_answer(
+            self._state.rungs[r], trials, margin_for=lambda ids: self._judge.margin_for(
+                r, [trials[t] for t in ids if t in trials]), margin_text=self.margin_text(r),
+            predictor=self._judge.predictor, decision_mode=self._decision_mode,
+            compute_fraction=self.compute_fraction(), decided_at=utc_now())
 
     def _announce_early_answer(self) -> None:
         """Write the state holding the new early answer, then hand it to ``on_early_answer``."""
@@ -464,14 +398,9 @@ class CollapseScheduler(FIFOScheduler):
         """The last rung changed after its answer was announced: when the answer made now names
         another trial, announce it again with ``revised`` (``hpo.early_answer.revise``)."""
         old = self._state.early_answer
-        if old is None:
-            return
-        at = utc_now()
-        self._state.early_answer = None
-        new = revise(old, self._state.early_answer if self._compose_early_answer(len(self._rungs) - 1) else None,
-                     why, at)
-        self._state.early_answer = new or old
+        new = None if old is None else revise(old, self._early_answer(), why, utc_now())
         if new is not None:
+            self._state.early_answer = new
             logger.warning("CollapseScheduler: early answer revised: trial %s replaces %s (%s)",
                            new["trial_id"], old.get("trial_id"), why)
             self._announce_early_answer()
@@ -484,7 +413,7 @@ class CollapseScheduler(FIFOScheduler):
         if any(self._state.live(rec) and rec.trial_id not in last.entries for rec in self._state.trials.values()):
             return
         last.decided_at = last.decided_at or utc_now()
-        if self._compose_early_answer(len(self._rungs) - 1):
+        if self._compose_early_answer():
             self._announce_early_answer()
 
     # ------------------------------------------------------------------ Tune hooks
@@ -545,11 +474,7 @@ class CollapseScheduler(FIFOScheduler):
             # begins again after every PAUSE): undecided rung entries made from the dropped
             # points are dropped too, and the repeated work counts in compute.
             if self._decision_mode == "sync" and t < self._rungs[0] - T_HAT_EPS:
-                self._reader.warn_once(
-                    "restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: its trainable "
-                    "does not restore checkpoints, so sync mode trains it twice up to each rung (use a class "
-                    "trainable with save/load_checkpoint, tune.get_checkpoint(), or decision_mode='async')",
-                    rec.trial_id, t)
+                self._reader.warn_restart(rec.trial_id, t)
             if self._state.drop_rewound(rec, t):
                 self._walk.reopen(rec)
         self._store.append(rec.trial_id, t, value)
@@ -638,11 +563,7 @@ class CollapseScheduler(FIFOScheduler):
                 rec = self._state.trials.get(trial.trial_id)
                 if rec is not None and rec.status in _OUT and trial.status in (Trial.PENDING, Trial.PAUSED):
                     self._guard(self._terminate, None, tune_controller, trial)
-        if len(trials) != len(self._queue):
-            # Trials this instance was never told about (unpickled by Tuner.restore): index them.
-            for trial in trials:
-                if trial.trial_id not in self._queue.trials:
-                    self._queue.add(trial)
+        self._queue.index(trials)
         chosen = self._queue.first(Trial.PENDING, self._may_run) or self._queue.first(Trial.PAUSED, self._may_run)
         if chosen is not None and chosen.status == Trial.PAUSED:
             self._queue.push(chosen.trial_id)  # Ray stages it PENDING and may ask again
@@ -677,15 +598,7 @@ class CollapseScheduler(FIFOScheduler):
     def margin_text(self, r: int, short: bool = False) -> str:
         """The keep-margin of rung ``r`` in words (the one it was decided with, else the one
         it would get for the trials registered now)."""
-        rung = self._state.rungs[r]
-        if rung.margin_source:
-            margin, words = rung.margin, rung.margin_source
-        else:
-            m = self._margin_at(r, list(self._state.trials))
-            margin, words = m.value, m.words
-        if short:
-            return f"{100 * margin:.2f}%"
-        return f"{100 * margin:.2f}% in log-final above the predicted best at t̂ = {self._rungs[r]:g} ({words})"
+        return self._judge.margin_text(self._state.rungs[r], self._state.trials, short)
 
     def debug_string(self) -> str:
         """One header line, then a line per rung (``SchedulerState.debug_string``)."""

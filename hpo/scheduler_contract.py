@@ -78,6 +78,13 @@ class ReportReader:
             self.warned.add(key)
             logger.warning(message, *args)
 
+    def warn_restart(self, trial_id: str, t: float) -> None:
+        """Sync mode saw a trial begin again below the first rung after a pause."""
+        self.warn_once("restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: its trainable "
+                       "does not restore checkpoints, so sync mode trains it twice up to each rung (use a class "
+                       "trainable with save/load_checkpoint, tune.get_checkpoint(), or decision_mode='async')",
+                       trial_id, t)
+
     def read(self, rec: TrialRecord, result: Mapping[str, Any], metric: Optional[str]) -> Reading:
         """Check a result; take its compute weights, and (once) the trial's controls and sweep
         values into ``rec``. The metric is None when it is not finite or ``diverged`` is set."""

@@ -7,7 +7,7 @@ controller's list order, else the first PAUSED one, found without walking the li
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ray.tune.experiment import Trial
 
@@ -64,6 +64,19 @@ class RunQueue:
                 return trial
             heapq.heappop(heap)
         return None
+
+    def index(self, trials: Sequence[Trial]) -> None:
+        """Add the controller's trials this queue was never told about (a scheduler unpickled by
+        ``Tuner.restore`` is handed trials it never saw added)."""
+        if len(trials) != len(self.trials):
+            for trial in trials:
+                if trial.trial_id not in self.trials:
+                    self.add(trial)
+
+    def find(self, trial_id: str, controller: Any) -> Optional[Trial]:
+        """The Trial object Ray registered (without walking its list: one walk per loser was
+        quadratic at 10,000 trials); one never registered here is looked up."""
+        return self.trials.get(trial_id) or next((t for t in controller.get_trials() if t.trial_id == trial_id), None)
 
     def __len__(self) -> int:
         return len(self.trials)

@@ -235,6 +235,16 @@ class RungRecord:
         self.margin, self.margin_source, self.kind, self.order_weight = (decision.margin, margin.words, margin.kind,
                                                                          margin.weight)
 
+    def announcement(self, decision_mode: str, participants: list["RungEntry"], margin_text: str,
+                     progress: list[dict[str, Any]]) -> dict[str, Any]:
+        """The decision as ``CollapseScheduler(on_decision=...)`` hands it on (printed and
+        published on MLflow)."""
+        return {"rung": self.index, "fraction": self.fraction, "decision_mode": decision_mode,
+                "kept": list(self.survivors), "stopped": [e.trial_id for e in participants if e.decision.stopped],
+                "predicted_best": self.predicted_best, "current_best": self.current_best, "margin": self.margin,
+                "margin_text": margin_text, "kind": self.kind, "kept_all": self.kept_all,
+                "compute_fraction": self.compute_fraction, "decided_at": self.decided_at, "progress": progress}
+
     def to_dict(self, safe: bool = True) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "entries"}
         if safe:

@@ -476,6 +476,18 @@ class StateStore:
             if strict:
                 raise
 
+    def check_start(self, resume: bool) -> bool:
+        """Whether a new scheduler continues the state at ``path`` (``resume``); a ValueError when
+        there is none to resume, or one that is another experiment's and ``resume`` is not set."""
+        exists = self.path is not None and self.path.exists()
+        if exists and not resume:
+            other = SchedulerState.load(self.path).experiment_id or "unknown"  # type: ignore[arg-type]
+            raise ValueError(f"state_path: {self.path} holds the state of experiment {other}; "
+                             "pass resume=True to continue it, or give a new path")
+        if resume and not exists:
+            raise ValueError(f"resume: there is no state to resume at {self.path}")
+        return resume
+
     def load(self, settings: dict[str, Any], experiment_id: Optional[str]) -> SchedulerState:
         """The state at ``path``, checked against ``settings``; ``experiment_id`` (None: adopt
         whichever experiment it holds) must be the one it was written by."""
