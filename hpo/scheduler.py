@@ -76,8 +76,6 @@ DEFAULT_MIN_POINTS = rules.DEFAULT_MIN_POINTS
 _RAY_TO_STATUS = {Trial.PENDING: TrialStatus.PENDING, Trial.RUNNING: TrialStatus.RUNNING,
                   Trial.PAUSED: TrialStatus.PAUSED, Trial.TERMINATED: TrialStatus.COMPLETED,
                   Trial.ERROR: TrialStatus.ERROR}
-#: Ended by this scheduler's decision: such a trial is never run again.
-_OUT = (TrialStatus.STOPPED, TrialStatus.DIVERGED)
 
 
 class CollapseScheduler(FIFOScheduler):
@@ -89,42 +87,33 @@ class CollapseScheduler(FIFOScheduler):
     ``n_params``, ``total_tokens`` and ``diverged`` are optional (see ``docs/design.md``).
 
     Args:
-        predictor: an object with ``predict_final(t_hat, loss, controls)`` (``predictors.Predictor``);
+        predictor: has ``predict_final(t_hat, loss, controls)`` (``predictors.Predictor``);
             picklable. Its ``ranking_scale`` sets the calibrated margins.
-        metric: the reported (smoothed) loss; None lets ``tune.TuneConfig(metric=...)`` set it.
-        mode: ``"min"`` or None (set by ``TuneConfig``): the predictor predicts losses, so lower
-            is better; ``"max"`` is refused.
+        metric, mode: the reported (smoothed) loss, and ``"min"`` (``"max"`` is refused: lower
+            losses are better); None lets ``tune.TuneConfig`` set them.
         time_attr: the result key holding t̂.
         rungs: the decision fractions, strictly increasing in (0, 1].
         reduction_factor: at intermediate rungs the best ⌈n/rf⌉ continue (> 1).
         margin: ``"calibrated"`` (default): keep every trial whose predicted log-final is within
             ``margin_z`` × the predictor's ranking scale (for the sweep's kind, at the rung) of
-            the predicted best (``hpo.rules``); or a number ≥ 0: that margin in log units
-            (0.02 ≈ 2%) at every rung; 0 keeps exactly the rule's survivors.
-        margin_z: the calibrated margin in ranking-scale units (default 0.25: stop a trial
-            when its chance of ending better than the predicted best is below Φ(−0.25) ≈ 40%;
-            ``hpo.rules.DEFAULT_MARGIN_Z`` says how it was chosen).
-        tolerance: how close two final losses must be to count as the same result (loss
-            units; None: the seed noise the predictor measured). A trial is kept past
-            ⌈n/rf⌉ only if it could end better than the best by more; a rung whose trials
-            all lie within it keeps ⌈n/rf⌉ (``hpo.rules.keep_rule``).
+            the predicted best; or a number ≥ 0: that margin in log units (0.02 ≈ 2%) at every
+            rung; 0 keeps exactly the rule's survivors (``hpo.rules``).
+        margin_z: the calibrated margin in ranking-scale units (default 0.25: stop a trial when
+            its chance of ending better than the predicted best is below Φ(−0.25) ≈ 40%).
+        tolerance: how close two final losses must be to count as the same result (loss units;
+            None: the seed noise the predictor measured; ``hpo.rules.keep_rule``).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
         state_path: where ``scheduler_state.json`` is written after every rung decision (and,
-            throttled, on results); the curves go to the append-only
-            ``scheduler_state.history.jsonl`` beside it. None: nothing persisted. A new scheduler
-            refuses a path that holds another experiment's state unless ``resume``.
-        resume: continue the experiment whose state is at ``state_path`` (its decisions,
-            stopped trials and curves are kept). ``Tuner.restore`` needs no flag: the
-            unpickled scheduler reloads its own file (and checks it is its experiment's).
-        on_decision: called after every rung decision (sync/audit) with a JSON-safe dict:
-            ``rung``, ``fraction``, ``decision_mode``, ``kept``, ``stopped`` (or would-stop),
-            ``predicted_best``, ``current_best``, ``margin``, ``margin_text``, ``kind``,
-            ``kept_all``, ``compute_fraction``, ``decided_at``, and ``progress`` (per rung:
-            trials reached, alive, stopped, finished). Picklable; what it raises is logged.
-        on_early_answer: called once with the early answer (a dict: ``trial_id``, ``config``,
-            ``predicted_final_loss``, ``uncertainty``, ``probability_best``, ``margin``,
-            ``margin_text``, ``kind``, ``compute_fraction``, ``rung``, ``kept``, ...). Must be
-            picklable; what it raises is logged.
+            throttled, on results), the curves appended to ``scheduler_state.history.jsonl``
+            beside it; None: nothing persisted. A path holding another experiment's state is
+            refused unless ``resume``.
+        resume: continue the experiment whose state is at ``state_path``. ``Tuner.restore`` needs
+            no flag: the unpickled scheduler reloads its own file.
+        on_decision: called after every rung decision (sync/audit) with a JSON-safe dict
+            (``RungRecord.announcement``: kept, stopped, bests, margin, kind, compute, progress).
+        on_early_answer: called with the early answer (``hpo.early_answer.compose_early_answer``),
+            again only when a revision names another trial.
+            Both callbacks must be picklable; what they raise is logged.
         min_points: fewest history points up to the rung needed to predict; a trial with fewer
             is kept and does not count towards ⌈n/rf⌉.
         persist_interval_s: least time between two throttled writes on results.
@@ -376,12 +365,14 @@ class CollapseScheduler(FIFOScheduler):
     # ------------------------------------------------------------------ when the early answer is given
 
     def _compose_early_answer(self) -> bool:
-        """Make the early answer from the last rung, once (``hpo.early_answer``); True if made."""
-        if self._state.early_answer is None:
-            self._state.early_answer = self._early_answer()
+        """Make the early answer from the last rung if there is none yet; True if made now."""
+        if self._state.early_answer is not None:
+            return False
+        self._state.early_answer = self._early_answer()
         return self._state.early_answer is not None
 
     def _early_answer(self) -> Optional[dict[str, Any]]:
+        """The early answer from the last rung as it stands (``hpo.early_answer``)."""
         r, trials = len(self._rungs) - 1, self._state.trials
         return compose_early_answer(
             self._state.rungs[r], trials, margin_for=lambda ids: self._judge.margin_for(
@@ -486,7 +477,7 @@ class CollapseScheduler(FIFOScheduler):
             raise SchedulerContractError(
                 f"CollapseScheduler: result for trial {trial.trial_id}, which was never added "
                 "(on_trial_add); this scheduler instance is not the one the trial was registered with")
-        if rec.status in _OUT:
+        if rec.out:
             return TrialScheduler.STOP  # stopped earlier (also across a restore)
         if not rec.alive:
             self._walk.reopen(rec)  # alive again (a trial reporting after an error)
@@ -523,7 +514,7 @@ class CollapseScheduler(FIFOScheduler):
         rec = self._state.trials.get(trial.trial_id)
         if rec is None:
             raise SchedulerContractError(f"CollapseScheduler: trial {trial.trial_id} completed but was never added")
-        if self._deciding or rec.status in _OUT:
+        if self._deciding or rec.out:
             return  # stopped by us: persisted with the decision
         if not (result and self._ingest(rec, result)):
             self._state.complete(rec)
@@ -544,7 +535,7 @@ class CollapseScheduler(FIFOScheduler):
 
     def _on_gone(self, tc: "TuneController", trial: Trial, status: TrialStatus) -> None:
         rec = self._state.trials.get(trial.trial_id)
-        if rec is None or self._deciding or rec.status in (*_OUT, TrialStatus.COMPLETED):
+        if rec is None or self._deciding or rec.out or rec.status == TrialStatus.COMPLETED:
             return  # our own stop_trial during a decision: the decision is persisted once
         rec.status = status
         self._try_decide(tc)
@@ -559,9 +550,8 @@ class CollapseScheduler(FIFOScheduler):
             # After a restore: end the trials a saved decision stopped that Ray's experiment
             # state had not caught up with when the driver died, or the sweep would wait on them.
             self._restored = False
-            for trial in trials:
-                rec = self._state.trials.get(trial.trial_id)
-                if rec is not None and rec.status in _OUT and trial.status in (Trial.PENDING, Trial.PAUSED):
+            for trial in (t for t in trials if t.status in (Trial.PENDING, Trial.PAUSED)):
+                if not self._state.may_run(trial.trial_id, sync=False):
                     self._guard(self._terminate, None, tune_controller, trial)
         self._queue.index(trials)
         chosen = self._queue.first(Trial.PENDING, self._may_run) or self._queue.first(Trial.PAUSED, self._may_run)
@@ -572,12 +562,7 @@ class CollapseScheduler(FIFOScheduler):
         return chosen
 
     def _may_run(self, trial: Trial) -> bool:
-        rec = self._state.trials.get(trial.trial_id)
-        if rec is None:
-            return True
-        if rec.status in _OUT:
-            return False
-        return self._decision_mode != "sync" or self._state.waiting_rung(rec.trial_id) is None
+        return self._state.may_run(trial.trial_id, sync=self._decision_mode == "sync")
 
     # ------------------------------------------------------------------ read-only views
 

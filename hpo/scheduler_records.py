@@ -45,6 +45,11 @@ class TrialStatus(StrEnum):
         return not self.alive
 
     @property
+    def out(self) -> bool:
+        """Stopped by a rung or diverged: ended by the scheduler whenever Ray would run it."""
+        return self.status in (TrialStatus.STOPPED, TrialStatus.DIVERGED)
+
+    @property
     def halted(self) -> bool:
         """Left the sweep without finishing (stopped, diverged or errored)."""
         return self in _HALTED
@@ -328,6 +333,11 @@ class TrialRecord:
     def alive(self) -> bool:
         """Running, or waiting to (:attr:`TrialStatus.alive`)."""
         return self.status in _ALIVE
+
+    @property
+    def out(self) -> bool:
+        """Stopped by a rung or diverged: ended by the scheduler whenever Ray would run it."""
+        return self.status in (TrialStatus.STOPPED, TrialStatus.DIVERGED)
 
     @property
     def halted(self) -> bool:

@@ -153,6 +153,12 @@ class SchedulerState:
         """Still running (or waiting to) and in the rung competition."""
         return rec.alive and not self.eliminated(rec)
 
+    def may_run(self, trial_id: str, sync: bool) -> bool:
+        """Ray may run the trial: unknown here, or neither ended by the scheduler nor (sync)
+        waiting at an undecided rung."""
+        rec = self.trials.get(trial_id)
+        return rec is None or not (rec.out or (sync and self.waiting_rung(trial_id) is not None))
+
     def waiting_rung(self, trial_id: str) -> Optional[RungRecord]:
         """The undecided rung the trial waits at (sync mode pauses it there), or None."""
         return next((rung for rung in self.rungs if rung.waiting(trial_id)), None)

@@ -197,3 +197,42 @@ def test_history_lines_are_json_lists(tmp_path):
     log.flush(start=True)
     lines = (tmp_path / "h.jsonl").read_text(encoding="utf-8").splitlines()
     assert lines == [json.dumps(list(p)) for p in points]
+
+
+# Asserts: status and decision are enums that are their strings: a state file's words load as
+# members, are written back as the same words, and an unknown word names the record.
+def test_statuses_and_decisions_are_their_strings(tmp_path):
+    from hpo.scheduler_state import RungDecision, TrialStatus, verdict
+
+    state = _state()
+    state.early_answer = None
+    path = tmp_path / "scheduler_state.json"
+    state.save(path)
+    back = SchedulerState.load(path)
+    a, b = back.trials["a"], back.trials["b"]
+    assert a.status is TrialStatus.PAUSED and a.alive and not a.halted and not a.out
+    assert b.status is TrialStatus.STOPPED and b.halted and b.out and not b.alive
+    assert back.rungs[0].entries["b"].decision is RungDecision.STOP and back.rungs[0].entries["b"].decision.stopped
+    assert back.rungs[0].entries["a"].decision.kept and not back.rungs[0].entries["a"].waiting
+    raw = json.loads(path.read_text())
+    assert raw["trials"]["b"]["status"] == "stopped" and raw["rungs"][0]["entries"]["a"]["decision"] == "continue"
+    assert back.verdict("b") == verdict("stopped", 0.1) == "stopped_at_0.1" and back.verdict("a") == "paused"
+    assert type(back.summary(0.0)["trials"]["a"]["status"]) is str
+    raw["trials"]["a"]["status"] = "sleeping"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(StateFileError, match="trial a: unknown status 'sleeping'"):
+        SchedulerState.load(path)
+
+
+# Asserts: a trial waits at the first undecided rung it has an undecided entry at, and nowhere else.
+def test_waiting_rung_predicate():
+    from hpo.scheduler_state import RungDecision
+
+    state = _state()
+    state.rungs.append(RungRecord(index=1, fraction=0.2))
+    state.rungs[1].entries["a"] = RungEntry("a", 0.2, 3.0, 3)
+    assert state.rungs[1].entries["a"].decision is RungDecision.PENDING
+    assert state.waiting_rung("a") is state.rungs[1] and state.waiting_rung("b") is None
+    assert not state.rungs[0].waiting("a") and state.rungs[1].waiting("a")
+    assert state.may_run("a", sync=True) is False and state.may_run("a", sync=False) is True
+    assert state.may_run("b", sync=False) is False and state.may_run("unknown", sync=True) is True
