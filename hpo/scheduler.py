@@ -57,8 +57,7 @@ from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 from hpo import rules
 from hpo.early_answer import compose_early_answer, revise
 from hpo.errors import announce, exit_2_on_uncaught
-from hpo.scheduler_contract import (ReportReader, SchedulerContractError, check_arguments,  # noqa: F401
-                                    check_mode, flat)
+from hpo.scheduler_contract import ReportReader, SchedulerContractError, check_arguments, check_mode
 from hpo.scheduler_judge import RungJudge
 from hpo.scheduler_queue import RunQueue, first_by_walk
 from hpo.scheduler_state import (RungDecision, RungRecord, RungWalk, SchedulerState, StateStore, TrialRecord,
@@ -81,10 +80,8 @@ _RAY_TO_STATUS = {Trial.PENDING: TrialStatus.PENDING, Trial.RUNNING: TrialStatus
 class CollapseScheduler(FIFOScheduler):
     """Early-stops Ray Tune trials at decision fractions by their predicted final loss.
 
-    Every result must carry the metric and the training fraction ``time_attr`` ∈ [0, 1];
-    the controls ``tau``, ``tokens_per_param``, ``schedule``, ``warmup_fraction`` come from
-    the results or the trial config; ``eta``/``lr``, ``batch_size``, ``weight_decay``,
-    ``n_params``, ``total_tokens`` and ``diverged`` are optional (see ``docs/design.md``).
+    What a result must carry (the metric, t̂, the controls; ``eta``/``lr``, ``batch_size``,
+    ``weight_decay``, ``n_params``, ``total_tokens``, ``diverged`` optional): ``hpo.scheduler_contract``.
 
     Args:
         predictor: has ``predict_final(t_hat, loss, controls)`` (``predictors.Predictor``);
@@ -247,9 +244,6 @@ class CollapseScheduler(FIFOScheduler):
 
     # ------------------------------------------------------------------ the rungs
 
-    def _is_last(self, r: int) -> bool:
-        return r == len(self._rungs) - 1
-
     def compute_fraction(self) -> float:
         """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.rules.compute_fraction`)."""
         return self._state.compute_fraction()
@@ -274,7 +268,7 @@ class CollapseScheduler(FIFOScheduler):
                 entry.reason = entry.reason or "waiting for the rung to be decided"
                 break
             keep = self._judge.judge_arrival(rung, entry, rec, self._state.trials, utc_now(), self.compute_fraction())
-            if keep and self._is_last(r) and self._decision_mode != "async" and rung.decided:
+            if keep and self._judge.is_last(r) and self._decision_mode != "async" and rung.decided:
                 # Kept after the answer was announced (it errored, was retried or resumed):
                 # the answer follows the facts.
                 self._revise_early_answer(f"trial {rec.trial_id} reached t̂ = {fraction:g} after the rung was "
@@ -312,7 +306,7 @@ class CollapseScheduler(FIFOScheduler):
         # early answer is written with it (one write; no decided last rung without an answer).
         for rec in to_stop:
             self._state.stop(rec, fraction)
-        answered = self._is_last(r) and self._compose_early_answer()
+        answered = self._judge.is_last(r) and self._compose_early_answer()
         self._persist(force=True)
         self._notify(self._on_decision, rung.announcement(self._decision_mode, participants, self.margin_text(r),
                                                           self.progress()))
@@ -366,10 +360,10 @@ class CollapseScheduler(FIFOScheduler):
 
     def _compose_early_answer(self) -> bool:
         """Make the early answer from the last rung if there is none yet; True if made now."""
-        if self._state.early_answer is not None:
-            return False
-        self._state.early_answer = self._early_answer()
-        return self._state.early_answer is not None
+        if self._state.early_answer is None:
+            self._state.early_answer = self._early_answer()
+            return self._state.early_answer is not None
+        return False
 
     def _early_answer(self) -> Optional[dict[str, Any]]:
         """The early answer from the last rung as it stands (``hpo.early_answer``)."""
@@ -398,14 +392,12 @@ class CollapseScheduler(FIFOScheduler):
 
     def _maybe_async_early_answer(self) -> None:
         """Async: the early answer once every live trial has been judged at the last rung."""
-        last = self._state.rungs[-1]
-        if self._decision_mode != "async" or self._state.early_answer is not None or not last.entries:
-            return
-        if any(self._state.live(rec) and rec.trial_id not in last.entries for rec in self._state.trials.values()):
-            return
-        last.decided_at = last.decided_at or utc_now()
-        if self._compose_early_answer():
-            self._announce_early_answer()
+        last, trials = self._state.rungs[-1], self._state.trials
+        if (self._decision_mode == "async" and self._state.early_answer is None and last.entries
+                and not any(self._state.live(rec) and tid not in last.entries for tid, rec in trials.items())):
+            last.decided_at = last.decided_at or utc_now()
+            if self._compose_early_answer():
+                self._announce_early_answer()
 
     # ------------------------------------------------------------------ Tune hooks
 
@@ -433,17 +425,11 @@ class CollapseScheduler(FIFOScheduler):
         self._guard(self._on_add, None, trial)
 
     def _on_add(self, trial: Trial) -> None:
-        tid = trial.trial_id
-        rec = self._state.trials.get(tid)
-        ray_status = _RAY_TO_STATUS.get(getattr(trial, "status", Trial.PENDING))
         self._queue.add(trial)
-        if rec is None:
-            config = json_safe(dict(getattr(trial, "config", None) or {}))
-            rec = self._state.trials[tid] = TrialRecord(
-                trial_id=tid, order=len(self._state.trials), config=config,
-                status=ray_status or TrialStatus.PENDING, sweep_values=rules.sweep_values(flat(config)))
+        rec, may_block = self._state.add_trial(trial.trial_id, dict(getattr(trial, "config", None) or {}),
+                                               _RAY_TO_STATUS.get(getattr(trial, "status", Trial.PENDING)))
+        if may_block:
             self._walk.add(rec)
-        elif ray_status is not None and self._state.reconcile(rec, ray_status):
             self._walk.reopen(rec)
         self._persist()
 
@@ -454,20 +440,16 @@ class CollapseScheduler(FIFOScheduler):
     def _ingest(self, rec: TrialRecord, result: Mapping[str, Any]) -> bool:
         """Take a result (``ReportReader.read`` checks it against the contract) into the
         trial's history; returns True when the trial diverged (non-finite metric or ``diverged``)."""
-        reading = self._reader.read(rec, result, self._metric)
-        t, value = reading.t, reading.value
+        t, value = self._reader.read(rec, result, self._metric)
         if value is None:
             self._state.diverge(rec, t)
             logger.info("CollapseScheduler: trial %s diverged at t̂=%g", rec.trial_id, t)
             return True
-        if rec.add_point(t, value, T_HAT_EPS):
-            # Restored from an earlier checkpoint (or restarted: a trainable without checkpoints
-            # begins again after every PAUSE): undecided rung entries made from the dropped
-            # points are dropped too, and the repeated work counts in compute.
-            if self._decision_mode == "sync" and t < self._rungs[0] - T_HAT_EPS:
-                self._reader.warn_restart(rec.trial_id, t)
-            if self._state.drop_rewound(rec, t):
-                self._walk.reopen(rec)
+        rewound, dropped = self._state.take_point(rec, t, value)
+        if rewound and self._decision_mode == "sync" and t < self._rungs[0] - T_HAT_EPS:
+            self._reader.warn_restart(rec.trial_id, t)
+        if dropped:
+            self._walk.reopen(rec)
         self._store.append(rec.trial_id, t, value)
         return False
 

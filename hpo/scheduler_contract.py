@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from hpo import rules
 from hpo.errors import InputError
@@ -48,8 +47,7 @@ def flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """A result as the scheduler takes it: t̂ and the metric (None: the trial diverged)."""
 
     t: float

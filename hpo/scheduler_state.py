@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from hpo import rules
+from hpo.scheduler_contract import flat
 
 from hpo.scheduler_records import (  # noqa: F401 - the records are re-exported: one import for readers
     DECISIONS, HALTED_STATUSES, TERMINAL_STATUSES, TRIAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
@@ -219,6 +220,29 @@ class SchedulerState:
     @staticmethod
     def diverge(rec: TrialRecord, t: float) -> None:
         rec.status, rec.diverged_at, rec.last_train_fraction = TrialStatus.DIVERGED, t, t
+
+    def add_trial(self, trial_id: str, config: dict[str, Any],
+                  ray: Optional[TrialStatus]) -> tuple[TrialRecord, bool]:
+        """Register a trial Ray added (``ray``: its status there), or take what Ray says of a
+        known one (re-added on restore or retry: :meth:`reconcile`). The record, and whether it
+        may now block a rung it did not (new, or alive again)."""
+        rec = self.trials.get(trial_id)
+        if rec is None:
+            config = json_safe(config)
+            rec = self.trials[trial_id] = TrialRecord(
+                trial_id=trial_id, order=len(self.trials), config=config, status=ray or TrialStatus.PENDING,
+                sweep_values=rules.sweep_values(flat(config)))
+            return rec, True
+        return rec, ray is not None and self.reconcile(rec, ray)
+
+    def take_point(self, rec: TrialRecord, t: float, value: float) -> tuple[bool, bool]:
+        """Append (t̂, loss) to the trial's history. A rewind (restored from an earlier
+        checkpoint, or restarted: a trainable without checkpoints begins again after every
+        PAUSE) drops the later points and the undecided rung entries made from them; the
+        repeated work counts in compute. Returns (rewound, an entry was dropped)."""
+        if not rec.add_point(t, value, T_HAT_EPS):
+            return False, False
+        return True, self.drop_rewound(rec, t)
 
     def drop_rewound(self, rec: TrialRecord, t: float) -> bool:
         """The trial went back to t̂ = ``t`` (restored from an earlier checkpoint, or restarted):
