@@ -235,7 +235,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from hpo.jobs import connect, format_state, job_state, list_jobs
+    from hpo.cluster import connect
+    from hpo.jobs import format_state, job_state, list_jobs
 
     cluster = connect(args.address)
     ids = [args.job] if args.job else [j.submission_id for j in list_jobs(cluster)]

@@ -89,11 +89,11 @@ class CurveSource:
 
     def _parent(self) -> Optional[Any]:
         """The job's parent run (None before the sweep has made it)."""
-        from hpo.jobs import _job_info, connect, tracking_client
+        from hpo.cluster import connect, job_info, tracking_client
         from hpo.tracking import find_job_run
 
         if self._job_run is None:
-            meta = _job_info(connect(self.address), str(self.job)).metadata or {}
+            meta = job_info(connect(self.address), str(self.job)).metadata or {}
             if not meta.get("experiment"):
                 raise InputError(f"--job: {self.job} is not a sweep submitted with hpo submit")
             uri = self.tracking_uri or meta.get("tracking_uri")

@@ -139,7 +139,7 @@ def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_
         assert MlflowClient(tracking_uri=uri).create_experiment("from-another-machine")
         # `hpo stop` ends a sweep's runs on such a server with its one line only: MLflow's two
         # "View run/experiment at" lines per ended run (14 lines for 6 trials) are not printed.
-        from hpo.jobs import tracking_client
+        from hpo.cluster import tracking_client
         from hpo.tracking import record_stop
 
         monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
@@ -172,7 +172,8 @@ def test_an_invalid_host_refusal_met_after_the_check_is_one_line_too(monkeypatch
 
 
 def test_address_forms_and_the_error_line_of_a_failed_job() -> None:
-    from hpo.jobs import ClusterError, dashboard_url, last_error_line
+    from hpo.cluster import ClusterError, dashboard_url
+    from hpo.jobs import last_error_line
 
     assert dashboard_url("head:8265") == "http://head:8265"
     assert dashboard_url("https://head:8265/") == "https://head:8265"

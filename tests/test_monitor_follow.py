@@ -72,10 +72,10 @@ class FakeJobs:
 
 @pytest.fixture
 def sweep(tmp_path, monkeypatch):
-    import hpo.jobs
+    import hpo.cluster
 
     store = FakeSweep(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr(hpo.jobs, "connect", lambda address: hpo.jobs.Cluster(FakeJobs(store), "http://head:8265"))
+    monkeypatch.setattr(hpo.cluster, "connect", lambda address: hpo.cluster.Cluster(FakeJobs(store), "http://head:8265"))
     return store
 
 
@@ -148,7 +148,8 @@ def test_follow_on_the_cli_for_a_finished_file_prints_once_and_ends(tmp_path, pr
 def test_status_shows_each_trials_alarm(sweep):
     from mlflow.entities import RunTag
 
-    from hpo.jobs import connect, format_state, job_state
+    from hpo.cluster import connect
+    from hpo.jobs import format_state, job_state
 
     sweep.grow(1.0)
     assert "monitor: no alarm (2 trial(s), 0 past their alignment window)" in format_state(
