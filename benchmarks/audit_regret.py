@@ -5,7 +5,7 @@ seed, every selection rule picks one trial from what it has seen at the stop fra
 its regret is the final loss of the pick minus the best final loss of that replicate. Rules:
 
 * ``current-best``: the lowest smoothed loss at the first point with t̂ ≥ s
-  (``hpo.replay.current_best_at``);
+  (``hpo.trials.replay.current_best_at``);
 * ``predicted-best (m fitted)``: the lowest final loss predicted by the shipped predictor
   (``--predictor``, five-parameter mode) from the curve up to s, computed exactly as
   ``CollapseScheduler._predict`` does (see :func:`predict_final_at`);
@@ -13,7 +13,7 @@ its regret is the final loss of the pick minus the best final loss of that repli
   calibration bank of ``--calibration`` (same t_min, ``fit_m=False``; refit on every run so
   nothing cached can go stale);
 * ``keep-set (ranking margin)``: the trials the scheduler's keep rule keeps at a last rung at
-  s (``hpo.rules.keep_rule`` with the default calibrated margin, z·σ of the predictor's ranking
+  s (``hpo.decisions.rules.keep_rule`` with the default calibrated margin, z·σ of the predictor's ranking
   scale for the sweep's kind: :func:`keep_set`, the same call ``CollapseScheduler`` makes).
   All kept trials are finished and the best is chosen, so its regret is 0 exactly when the set
   holds the true best; its size is reported too.
@@ -23,7 +23,7 @@ exact; three replicate seeds give the seed band, below which a regret difference
 Within a replicate all trials share a data stream, so picks are paired comparisons.
 
 Seed band: σ_seed is the pooled within-configuration standard deviation of the final loss across
-the replicate seeds (``hpo.replay.seed_noise``); a difference of two finals has band √2·σ_seed.
+the replicate seeds (``hpo.trials.replay.seed_noise``); a difference of two finals has band √2·σ_seed.
 A pick whose regret ≤ band counts as a tie ("picked the best or tied"). Regret is also given
 against the seed-mean finals (mean over the replicates of each configuration), which is less
 noisy (seed means and σ_seed use complete replicates only). Diverged runs stay candidates (a rule may pick one: regret ∞) but have no final for σ.
@@ -57,13 +57,13 @@ import pandas as pd
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo import held_out  # noqa: E402
-from hpo.calibrate import CalibrationConfig, SweepRun, load_calibration_config  # noqa: E402
-from hpo.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
-from hpo.overrides import ConfigError  # noqa: E402
-from hpo import rules  # noqa: E402
-from hpo.tables import markdown_table as md_table  # noqa: E402
-from hpo.replay import current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
+from hpo.calibration import held_out  # noqa: E402
+from hpo.calibration.calibrate import CalibrationConfig, SweepRun, load_calibration_config  # noqa: E402
+from hpo.trials.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
+from hpo.common.overrides import ConfigError  # noqa: E402
+from hpo.decisions import rules  # noqa: E402
+from hpo.common.tables import markdown_table as md_table  # noqa: E402
+from hpo.trials.replay import current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 from predictors.curves import rung_cut  # noqa: E402
 from predictors.io import json_safe  # noqa: E402
@@ -86,7 +86,7 @@ class AuditError(Exception):
 # ---------------------------------------------------------------------- layout
 
 
-#: One run of an audit sweep (sweep, label, seed, run_id): ``hpo.calibrate.SweepRun``.
+#: One run of an audit sweep (sweep, label, seed, run_id): ``hpo.calibration.calibrate.SweepRun``.
 Trial = SweepRun
 
 
@@ -107,7 +107,7 @@ class RunView:
     controls: dict[str, Any]  # Controls.from_mapping(result).to_dict(), as the scheduler stores
     final: float  # last smoothed loss; inf for a diverged run
     status: str
-    sweep_values: dict[str, Any] = field(default_factory=dict)  # hpo.rules.sweep_values of a result
+    sweep_values: dict[str, Any] = field(default_factory=dict)  # hpo.decisions.rules.sweep_values of a result
 
 
 def run_views(frame: pd.DataFrame, run_ids: Sequence[str]) -> dict[str, RunView]:
@@ -145,7 +145,7 @@ def bank_state(frame: pd.DataFrame, trials: Sequence[Trial]) -> dict[str, str]:
 def predict_final_at(predictor: Predictor, history: Sequence[tuple[float, float]], controls: Mapping[str, Any],
                      upto: float, min_points: int = MIN_POINTS) -> Optional[float]:
     """The final loss the scheduler would predict for this trial at rung ``upto``
-    (``hpo.rules.predict_at_rung``, the function ``CollapseScheduler`` itself uses);
+    (``hpo.decisions.rules.predict_at_rung``, the function ``CollapseScheduler`` itself uses);
     None where the scheduler would have no prediction."""
     t, y = zip(*history)
     return rules.predict_at_rung(predictor, t, y, controls, upto, min_points).final_loss
@@ -154,7 +154,7 @@ def predict_final_at(predictor: Predictor, history: Sequence[tuple[float, float]
 def keep_set(predictor: Predictor, views: Mapping[str, RunView], candidates: Sequence[str], s: float,
              margin_z: float = rules.DEFAULT_MARGIN_Z) -> rules.KeepDecision:
     """What ``CollapseScheduler``'s keep rule keeps of ``candidates`` at a last rung at ``s``
-    with the calibrated margin (the same ``hpo.rules`` calls: prediction, kind, margin, rule)."""
+    with the calibrated margin (the same ``hpo.decisions.rules`` calls: prediction, kind, margin, rule)."""
     cands = []
     for r in candidates:
         t, y = zip(*views[r].history)
@@ -179,7 +179,7 @@ def t_at(view: RunView, fraction: float) -> float:
 
 def fit_paper_predictor(calibration_path: str) -> tuple[Predictor, dict[str, Any]]:
     """Refit the paper's fixed-m predictor on the calibration bank (same runs and t_min as
-    ``hpo.calibrate.fit_from_bank``, ``fit_m=False``). Returns it and a short description."""
+    ``hpo.calibration.calibrate.fit_from_bank``, ``fit_m=False``). Returns it and a short description."""
     from predictors import fit
 
     config = _load_config(calibration_path)

@@ -14,19 +14,19 @@ Methods:
 
 * ``collapse``: ``CollapseScheduler`` (sync), knobs: the margin z (in units of the
   predictor's ranking scale), the rung set, the reduction factor. The shipped default
-  (``hpo.sweep_config.SchedulerSettings()``) is marked;
+  (``hpo.trials.sweep_config.SchedulerSettings()``) is marked;
 * ``asha``: Ray's ``ASHAScheduler`` on t̂ (``max_t`` 1), knobs: grace period, reduction factor;
 * ``median``: Ray's ``MedianStoppingRule`` on t̂, knob: grace period;
 * ``hyperband``: Ray's ``HyperBandScheduler`` on t̂ (``max_t`` 1), knob: reduction factor;
 * ``current-best@s``: the lowest smoothed loss at the rung point of s, then only that trial
-  is finished (``hpo.replay.current_best_at``), knob: s.
+  is finished (``hpo.trials.replay.current_best_at``), knob: s.
 
-Every Ray scheduler runs in :class:`hpo.simulator.SimulatedSweep` (Ray's own scheduler code,
+Every Ray scheduler runs in :class:`hpo.decisions.simulator.SimulatedSweep` (Ray's own scheduler code,
 two 1-CPU slots, deterministic arrival order) on the bank's results, exactly as a live sweep
-reports them (``hpo.replay.run_points``); ``tests/test_replay.py`` checks that the simulator
+reports them (``hpo.trials.replay.run_points``); ``tests/test_replay.py`` checks that the simulator
 and a real Ray Tune replay make the same decisions.
 
-Scoring (one definition each, shared with the scheduler: ``hpo.rules``):
+Scoring (one definition each, shared with the scheduler: ``hpo.decisions.rules``):
 
 * **compute** = Σ t̂ trained / n (1 = the full sweep; the trials of a sweep share N and D);
 * **pick** = the finished trial with the lowest final loss; **regret** = its final − the best
@@ -63,12 +63,12 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo import rules  # noqa: E402
-from hpo.calibrate import load_calibration_config  # noqa: E402
-from hpo.curve_bank import load_bank  # noqa: E402
-from hpo.overrides import ConfigError  # noqa: E402
-from hpo.replay import current_best_at, run_points, seed_noise, true_finals  # noqa: E402
-from hpo.tables import markdown_table  # noqa: E402
+from hpo.decisions import rules  # noqa: E402
+from hpo.calibration.calibrate import load_calibration_config  # noqa: E402
+from hpo.trials.curve_bank import load_bank  # noqa: E402
+from hpo.common.overrides import ConfigError  # noqa: E402
+from hpo.trials.replay import current_best_at, run_points, seed_noise, true_finals  # noqa: E402
+from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Predictor  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
 from predictors.kinds import SWEEP_KINDS  # noqa: E402
@@ -117,8 +117,8 @@ class Row:
 def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
 
-    from hpo.scheduler import CollapseScheduler
-    from hpo.sweep_config import SchedulerSettings
+    from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.trials.sweep_config import SchedulerSettings
 
     default = SchedulerSettings()
     out: list[Setting] = []
@@ -181,7 +181,7 @@ def replicates(config_path: str) -> tuple[Any, dict[tuple[str, int], list[str]],
 
 def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[str],
           points: dict[str, list[dict[str, Any]]], finals: dict[str, float], sigma: Optional[float]) -> Row:
-    from hpo.simulator import SimulatedSweep
+    from hpo.decisions.simulator import SimulatedSweep
 
     best = min(runs, key=lambda r: (finals[r], r))
     if setting.fraction is not None:
@@ -251,7 +251,7 @@ def select_z(rows: Sequence[Row]) -> Optional[tuple[float, str]]:
     the calibrated scale, never on the held-out decision bank): with the default rungs and
     reduction factor, the smallest z whose keep set holds the true best at every rung on ≥ 95%
     of the replicates and whose pick is within seed noise on ≥ 90%."""
-    from hpo.sweep_config import SchedulerSettings
+    from hpo.trials.sweep_config import SchedulerSettings
 
     default = SchedulerSettings()
     stem = f"rungs {'/'.join(f'{r:g}' for r in default.rungs)}, z "
@@ -326,7 +326,7 @@ def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], li
                         points: dict[str, list[dict[str, Any]]], finals: dict[str, float],
                         fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.5)) -> list[list[Any]]:
     """Per kind of sweep and s, over the pairs of each replicate: how often the order of the
-    predicted finals (``hpo.rules.predict_at_rung``) and of the losses at the rung agree with
+    predicted finals (``hpo.decisions.rules.predict_at_rung``) and of the losses at the rung agree with
     the order of the true finals, and the RMS of their log-ratio errors."""
     import itertools
 
@@ -482,7 +482,7 @@ def plot(agg: dict[str, list[Point]], sigmas: dict[str, Optional[float]], path: 
 
 def _default_words() -> str:
     """The shipped scheduler defaults in words, read from ``SchedulerSettings`` (never retyped)."""
-    from hpo.sweep_config import SchedulerSettings
+    from hpo.trials.sweep_config import SchedulerSettings
 
     d = SchedulerSettings()
     return (f"{d.mode}, rungs {'/'.join(f'{r:g}' for r in d.rungs)}, rf {d.reduction_factor:g}, "

@@ -34,6 +34,6 @@ step throughput_eager 180 python benchmarks/trainer_throughput.py --device cuda 
   --sizes 25M,85M,200M,85M-T2048 --json "$out/throughput_eager.json"
 step throughput_compiled 90 python benchmarks/trainer_throughput.py --device cuda --seconds 8 \
   --sizes 85M --compile-models --json "$out/throughput_compiled.json"
-step gpu_small 120 python -m hpo.cli sweep gpu-small --output "$out/gpu-small" \
+step gpu_small 120 python -m hpo.service.cli sweep gpu-small --output "$out/gpu-small" \
   --set trainer.tokens_per_param=0.2 --set trainer.eval_every=40 --set trainer.compile=false
 cat "$out/summary.txt"

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpo.curve_bank import load_bank, smoothing_window_of
+from hpo.trials.curve_bank import load_bank, smoothing_window_of
 from hpo.data import default_predictor_path
 from predictors import Controls, Predictor
 from predictors.monitor import DetectorRule, _first_alarm, monitor_curve
@@ -312,8 +312,8 @@ RULES = {"beyond 4σ for 0.05 (shipped)": _sustained(4, 0.05), "beyond 3σ for 0
 
 def rule_frontier(predictor: Predictor, runs: list) -> list[str]:
     """False alarms and detection of the RULES on the benchmark's curves and the real faults."""
-    from hpo.curve_import import load_curves_file
-    from hpo.monitor import monitor_runs
+    from hpo.calibration.curve_import import load_curves_file
+    from hpo.monitor.command import monitor_runs
 
     band = predictor.monitor_band
     cases = [("clean", 0.0, lambda x: np.ones_like(x))] + [f for f in faults() if not f[0].startswith("spike")]
@@ -468,8 +468,8 @@ def real_faults(predictor: Predictor) -> list[str]:
     """The real trainer faults of benchmarks/monitor_faults.csv (made by monitor_faults.py):
     when each detector alarms on the faulty run and on its clean twin, and when the faulty
     run's smoothed loss first exceeds its twin's by 1%."""
-    from hpo.curve_import import load_curves_file
-    from hpo.monitor import monitor_runs
+    from hpo.calibration.curve_import import load_curves_file
+    from hpo.monitor.command import monitor_runs
 
     path = OUT.with_name("monitor_faults.csv")
     if not path.exists():

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from hpo.data import sweep_config_path
-from hpo.sweep_config import load_sweep_config
+from hpo.trials.sweep_config import load_sweep_config
 from trainers.train import Trainer
 
 OUT = Path(__file__).with_name("monitor_faults.csv")

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpo.tables import markdown_table  # noqa: E402
+from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import (  # noqa: E402
     AlignSettings,
     Controls,

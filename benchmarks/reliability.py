@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
-from hpo.tables import markdown_table  # noqa: E402
+from hpo.common.tables import markdown_table  # noqa: E402
 from sweep_fixtures import tiny_sweep  # noqa: E402
 
 KILL_POINTS = ("before any trial ends", "mid-sweep", "right after the first decision")
@@ -149,7 +149,7 @@ def _summary(output: Path) -> dict[str, Any]:
 def uninterrupted(folder: Path, code: Code) -> dict[str, Any]:
     config = _sweep_config(folder, code)
     began = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "hpo.cli", "sweep", str(config)], env=_env(code), cwd=folder,
+    run = subprocess.run([sys.executable, "-m", "hpo.service.cli", "sweep", str(config)], env=_env(code), cwd=folder,
                          capture_output=True, text=True, timeout=1800)
     if run.returncode != 0:
         raise RuntimeError(f"uninterrupted sweep failed: {run.stderr[-2000:]}")
@@ -161,7 +161,7 @@ def kill_and_resume(folder: Path, code: Code, point: str) -> dict[str, Any]:
     config = _sweep_config(folder, code)
     output = folder / "out"
     reached = _kill_condition(point)
-    driver = subprocess.Popen([sys.executable, "-m", "hpo.cli", "sweep", str(config)], env=_env(code), cwd=folder,
+    driver = subprocess.Popen([sys.executable, "-m", "hpo.service.cli", "sweep", str(config)], env=_env(code), cwd=folder,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     began = time.perf_counter()
     try:
@@ -181,7 +181,7 @@ def kill_and_resume(folder: Path, code: Code, point: str) -> dict[str, Any]:
     shutil.copytree(output, copy)
     original = _digests(output)
     began = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "hpo.cli", "resume", str(copy)], env=_env(code), cwd=folder,
+    run = subprocess.run([sys.executable, "-m", "hpo.service.cli", "resume", str(copy)], env=_env(code), cwd=folder,
                          capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - began
     result = {"point": point, "killed": killed, "resume_rc": run.returncode, "resume_wall_s": wall,

@@ -41,11 +41,11 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo import held_out  # noqa: E402
-from hpo.calibrate import load_calibration_config  # noqa: E402
-from hpo.calibration_fit import complete_curves  # noqa: E402
-from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
-from hpo.tables import markdown_table  # noqa: E402
+from hpo.calibration import held_out  # noqa: E402
+from hpo.calibration.calibrate import load_calibration_config  # noqa: E402
+from hpo.calibration.fit import complete_curves  # noqa: E402
+from hpo.trials.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
+from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Controls, Curve, Predictor, equations, fit, score_curves  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
 

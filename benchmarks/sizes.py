@@ -3,8 +3,8 @@
 What: the width-ladder bank (``configs/calibration/width_ladder.yaml``: one family at TPP 20,
 τ 0.4, two seeds per width) is split by model size N: the ``--held`` largest widths are held
 out, the rest is the calibration. For each way model size can enter a prediction
-(``hpo.calibration_fit.FitSettings.size_method``) the calibration is run exactly as ``hpo
-calibrate`` runs it (``hpo.calibration_fit.fit_and_report``: fit, leave-one-out and cross-size
+(``hpo.calibration.fit.FitSettings.size_method``) the calibration is run exactly as ``hpo
+calibrate`` runs it (``hpo.calibration.fit.fit_and_report``: fit, leave-one-out and cross-size
 errors, the distance-aware error beyond the calibrated sizes) on the smaller widths only, and
 the predictor it writes predicts every held-out run:
 
@@ -23,7 +23,7 @@ the predictor it writes predicts every held-out run:
 Scores per method, over the held-out runs: the MAE of ℓ over t̂ ∈ [t_min, 1] of the curve the
 predictor draws for each run (``predictors.fit.score_curves``: the surrogate, or the reference
 curves where they match), its ratio to the oracle, the mean |relative error| of the final loss
-predicted from the first s of each curve (the rung cut, ``hpo.held_out.predict_at``), the share
+predicted from the first s of each curve (the rung cut, ``hpo.calibration.held_out.predict_at``), the share
 of true finals inside the predictor's stated ±2σ, that ±2σ itself (mean, relative to the
 final: a wide enough interval covers anything, so the two are read together) and its ratio to
 the RMS error of the same predictions (band / RMS: about 2 when σ is the size of the error).
@@ -68,11 +68,11 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo.calibrate import load_calibration_config  # noqa: E402
-from hpo.calibration_fit import fit_and_report  # noqa: E402
-from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
-from hpo.held_out import predict_at  # noqa: E402
-from hpo.tables import markdown_table  # noqa: E402
+from hpo.calibration.calibrate import load_calibration_config  # noqa: E402
+from hpo.calibration.fit import fit_and_report  # noqa: E402
+from hpo.trials.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
+from hpo.calibration.held_out import predict_at  # noqa: E402
+from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Predictor  # noqa: E402
 from predictors.curves import Curve, curve_size  # noqa: E402
 from predictors.fit import score_curves  # noqa: E402

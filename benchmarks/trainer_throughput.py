@@ -444,7 +444,7 @@ def _in_process(function: Callable[..., Any], *args: Any) -> Any:
 
 
 def throughput_tables(results: list[dict[str, Any]]) -> str:
-    from hpo.tables import markdown_table
+    from hpo.common.tables import markdown_table
 
     rows = []
     for result in results:
@@ -526,7 +526,7 @@ def _steps_at_tpp20(d_model: int, n_layers: int) -> int:
 
 
 def compile_table(results: list[dict[str, Any]]) -> str:
-    from hpo.tables import markdown_table
+    from hpo.common.tables import markdown_table
 
     rows = []
     for r in results:
@@ -634,7 +634,7 @@ def record_curves(root: str, output: str, jobs: int = 2) -> None:
 
 def compare_curves(before_path: str, after_path: str) -> str:
     """Markdown table: max |Δ train_loss| over the logged points and |Δ final smoothed loss|."""
-    from hpo.tables import markdown_table
+    from hpo.common.tables import markdown_table
 
     before = {r["label"]: r for r in json.loads(Path(before_path).read_text())["runs"]}
     after = {r["label"]: r for r in json.loads(Path(after_path).read_text())["runs"]}

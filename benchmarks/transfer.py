@@ -46,11 +46,11 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo import held_out  # noqa: E402
-from hpo.calibrate import load_calibration_config  # noqa: E402
-from hpo.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
-from hpo import rules  # noqa: E402
-from hpo.tables import markdown_table  # noqa: E402
+from hpo.calibration import held_out  # noqa: E402
+from hpo.calibration.calibrate import load_calibration_config  # noqa: E402
+from hpo.trials.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
+from hpo.decisions import rules  # noqa: E402
+from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Curve, Predictor, equations, score_curves  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text, atomic_write_with  # noqa: E402
 from predictors.predictor import DECISION_FRACTIONS  # noqa: E402
@@ -114,7 +114,7 @@ def configured_run_ids(config_path: Path) -> tuple[set[str], Path]:
 
 def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> float:
     """(predicted − true)/true final loss at rung ``stop_fraction``, predicted exactly as the
-    scheduler does (``hpo.rules.predict_at_rung`` on the curve's (t̂, smoothed loss) points).
+    scheduler does (``hpo.decisions.rules.predict_at_rung`` on the curve's (t̂, smoothed loss) points).
 
     NaN where the scheduler would have no prediction: too few points, or the predictor failed
     (the scheduler keeps such a trial rather than raising).

@@ -20,7 +20,7 @@ import ray
 from ray import tune
 
 from hpo.data import default_predictor_path
-from hpo.scheduler import CollapseScheduler
+from hpo.decisions.scheduler import CollapseScheduler
 from predictors import Predictor
 
 TOTAL_STEPS = 200

@@ -1,7 +1,7 @@
 """Predict a new run's final loss from the first part of its curve, read from a CSV.
 
 The file has one row per logged point, in the columns of ``configs/curves/README.md`` (read by
-``hpo.curve_import``, as ``hpo calibrate --from-curves`` reads them): ``tokens`` (or ``step`` or
+``hpo.calibration.curve_import``, as ``hpo calibrate --from-curves`` reads them): ``tokens`` (or ``step`` or
 ``train_fraction``) and a (smoothed) training ``loss``, plus the run's controls on every row (τ,
 or η, B and λ to derive it; TPP; N; schedule and warmup; ``total_tokens`` is optional, D = TPP·N). ``examples/partial_run.csv`` is the first 30%
 of a held-out run (η = 0.01, B = 2,048 tokens, τ = 0.3, TPP 40, N = 100,672) that the shipped
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from hpo.curve_import import CurveImportError, load_curves_file
+from hpo.calibration.curve_import import CurveImportError, load_curves_file
 from hpo.data import default_predictor_path
 from predictors import Predictor
 

@@ -3,7 +3,7 @@
     python scripts/add_monitor_band.py [--config configs/calibration/default.yaml]
                                        [--predictor hpo/data/predictors/default.json]
 
-The band is what ``hpo calibrate CONFIG`` measures (``hpo.calibration_fit.monitor_band``: the
+The band is what ``hpo calibrate CONFIG`` measures (``hpo.calibration.fit.monitor_band``: the
 calibration's complete banked curves against the predictor, in-sample), so regenerating the
 file with ``hpo calibrate`` gives the same ``monitor`` section. Every other byte of the file's
 content is kept: it is read as JSON, the one key is inserted before ``provenance`` (where
@@ -16,9 +16,9 @@ import argparse
 import json
 import warnings
 
-from hpo.calibrate import _resolve, load_calibration_config
-from hpo.calibration_fit import complete_curves, monitor_band
-from hpo.curve_bank import bank_curves, load_bank, run_id_of
+from hpo.calibration.calibrate import _resolve, load_calibration_config
+from hpo.calibration.fit import complete_curves, monitor_band
+from hpo.trials.curve_bank import bank_curves, load_bank, run_id_of
 from predictors import Predictor
 from predictors.io import atomic_write_json
 

@@ -22,10 +22,10 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hpo import held_out, size_choice  # noqa: E402
-from hpo.calibrate import _banked_runs, _resolve, load_calibration_config  # noqa: E402
-from hpo.calibration_fit import complete_curves  # noqa: E402
-from hpo.curve_bank import bank_curves, fill_epochs  # noqa: E402
+from hpo.calibration import held_out, size_choice  # noqa: E402
+from hpo.calibration.calibrate import _banked_runs, _resolve, load_calibration_config  # noqa: E402
+from hpo.calibration.fit import complete_curves  # noqa: E402
+from hpo.trials.curve_bank import bank_curves, fill_epochs  # noqa: E402
 from predictors.io import atomic_write_json  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 one line naming the field, file or value, having written nothing.
 
 Shared by ``tests/test_bad_input.py`` (one test per case) and ``benchmarks/reliability.py``
-(the table in ``benchmarks/reliability.md``). Each case runs ``python -m hpo.cli`` in a
+(the table in ``benchmarks/reliability.md``). Each case runs ``python -m hpo.service.cli`` in a
 subprocess, in a folder of its own that holds only the case's input files.
 """
 
@@ -229,7 +229,7 @@ def start(case: Case, folder: Path) -> Callable[[], Outcome]:
            "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
     began = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "hpo.cli", *case.argv], cwd=folder, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "hpo.service.cli", *case.argv], cwd=folder, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait(timeout: Optional[float] = 120) -> Outcome:

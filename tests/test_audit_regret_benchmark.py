@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from predictors.io import json_safe
-from hpo.curve_bank import append_runs, curve_frame, load_bank
+from hpo.trials.curve_bank import append_runs, curve_frame, load_bank
 from predictors import Controls, Predictor, SurrogateParams
 from predictors.predictor import DecisionError
 
@@ -140,9 +140,9 @@ def test_ties_use_the_seed_band(report):
 # scheduler's recorded ones.
 @pytest.mark.parametrize("s", [0.1, 0.2])
 def test_keep_set_is_the_schedulers(bank, s):
-    from hpo.replay import run_points
-    from hpo.scheduler import CollapseScheduler
-    from hpo.simulator import SimulatedSweep
+    from hpo.trials.replay import run_points
+    from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.decisions.simulator import SimulatedSweep
 
     frame = load_bank(bank)
     runs = ["a1", "b1", "c1", "d1"]

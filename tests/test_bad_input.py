@@ -37,7 +37,7 @@ def test_unreachable_server_is_named_within_seconds(outcomes: dict[str, Outcome]
 def test_silent_server_times_out_in_about_five_seconds() -> None:
     # A server that accepts the connection but never answers: the check gives up after its
     # timeout with a message saying so (MLflow's client would wait for minutes).
-    from hpo.tracking_uri import TrackingUriError, check_tracking_uri
+    from hpo.tracking.uri import TrackingUriError, check_tracking_uri
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -57,7 +57,7 @@ def test_silent_server_times_out_in_about_five_seconds() -> None:
 
 
 def test_strip_credentials_removes_the_user_part_everywhere() -> None:
-    from hpo.tracking_uri import strip_credentials
+    from hpo.tracking.uri import strip_credentials
 
     assert strip_credentials("http://alice:pw@host:5000/x?y=1") == "http://host:5000/x?y=1"
     assert strip_credentials("postgresql+psycopg2://u:p@db/mlflow") == "postgresql+psycopg2://db/mlflow"
@@ -70,7 +70,7 @@ def test_packaged_sweep_names_resolve(tmp_path: Path) -> None:
     # `hpo sweep quickstart` names the packaged config; an existing file of that name wins.
     import os
 
-    from hpo.cli import sweep_config_path
+    from hpo.service.cli import sweep_config_path
     from hpo.data import packaged_sweeps
 
     assert "quickstart" in packaged_sweeps()

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hpo.calibrate import calibrate, load_calibration_config
-from hpo.curve_bank import load_bank, run_id_of
-from hpo.overrides import ConfigError
+from hpo.calibration.calibrate import calibrate, load_calibration_config
+from hpo.trials.curve_bank import load_bank, run_id_of
+from hpo.common.overrides import ConfigError
 from predictors import Controls, Curve, Predictor
 from predictors.io import loads_strict
 from predictors.surrogate import SurrogateParams
@@ -91,7 +91,7 @@ def test_named_sweeps_share_runs_and_replicates_vary_the_data_stream(tmp_path: P
 def test_extra_banks_are_read_for_the_calibrations_runs(tmp_path: Path, monkeypatch) -> None:
     # configs/calibration/default_sizes.yaml pools the default bank with the width ladder's:
     # every one of its runs is found in one bank or the other, at the ladder's six sizes.
-    from hpo.calibrate import _banked_runs, _resolve
+    from hpo.calibration.calibrate import _banked_runs, _resolve
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     config = load_calibration_config("configs/calibration/default_sizes.yaml")
@@ -120,7 +120,7 @@ def test_fit_and_report_leaves_out_incomplete_curves_and_reports_coverage(tmp_pa
     # A curve cut short (a NaN tail dropped by the bank) is left out with a note; the report
     # holds the cross-scale error and the coverage of the stated intervals; the predictor file
     # carries the cross-scale table. Too few complete curves is one error naming the source.
-    from hpo.calibration_fit import FitSettings, fit_and_report
+    from hpo.calibration.fit import FitSettings, fit_and_report
 
     truth = Predictor(SurrogateParams(0.2, -0.5, 0.3, -0.1, m=0.15))
     t = np.linspace(0.01, 1.0, 150)
@@ -150,7 +150,7 @@ def test_fit_and_report_leaves_out_incomplete_curves_and_reports_coverage(tmp_pa
 def test_provenance_paths_carry_no_machine_prefix(tmp_path, monkeypatch):
     # A bank inside the working directory is recorded relative to it (a shipped predictor
     # names configs/calibration/..., not /home/someone/...); one outside stays as given.
-    from hpo.calibrate import portable_path
+    from hpo.calibration.calibrate import portable_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.cli import main
+from hpo.service.cli import main
 from hpo.data import default_predictor_path
 
 TINY_TRAIN = {
@@ -193,7 +193,7 @@ def test_calibration_that_fails_after_fitting_leaves_no_predictor(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The predictor is written only once its report and figure are ready: a failure drawing the
     # figure leaves no predictor.json a user could take for a finished calibration.
-    from hpo import calibration_report
+    from hpo.calibration import report as calibration_report
 
     def broken(*args, **kwargs):
         raise RuntimeError("figure failed")
@@ -209,7 +209,7 @@ def test_calibration_that_fails_after_fitting_leaves_no_predictor(
 
 NO_RAY_NO_TORCH = r"""
 import sys
-from hpo.cli import main
+from hpo.service.cli import main
 
 fast = ["--set", "fit.compare_fixed_m=false", "--set", "fit.held_out_error=false"]
 out = sys.argv[1]
@@ -259,7 +259,7 @@ def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
     config_path.write_text(yaml.safe_dump(tiny_sweep(output)))
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    driver = subprocess.Popen([sys.executable, "-m", "hpo.cli", "sweep", str(config_path)], env=env,
+    driver = subprocess.Popen([sys.executable, "-m", "hpo.service.cli", "sweep", str(config_path)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + 300
@@ -300,7 +300,7 @@ def test_readme_calibrate_commands_leave_the_checkout_unchanged(tmp_path: Path) 
                      "predictor_out=runs/calibration/{name}/predictor.json", *fast],
                     ["calibrate", "configs/calibration/default.yaml", "--fit-only", *fast],
                     ["calibrate", "--from-curves", "configs/curves/example_curves.csv", *fast]):
-        done = subprocess.run([sys.executable, "-m", "hpo.cli", *command], cwd=clone, env=env,
+        done = subprocess.run([sys.executable, "-m", "hpo.service.cli", *command], cwd=clone, env=env,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (command, done.stderr[-2000:])
     after = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout

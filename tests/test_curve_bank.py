@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpo.curve_bank import CurveBankError, append_runs, bank_curves, curve_frame, load_bank, run_id_of
+from hpo.trials.curve_bank import CurveBankError, append_runs, bank_curves, curve_frame, load_bank, run_id_of
 
 
 def _run(run_id: str, tau: float, status: str = "completed") -> dict:
@@ -66,7 +66,7 @@ def test_resmooth_reproduces_the_trainers_live_smoothing() -> None:
     # run (including its short last interval) gives the trainer's own smoothed values.
     import json
 
-    from hpo.curve_bank import resmooth
+    from hpo.trials.curve_bank import resmooth
     from trainers.train import Trainer
 
     config = {"model": {"d_model": 32, "n_layers": 2, "d_head": 16, "seq_len": 32, "base_d_model": 32},
@@ -88,7 +88,7 @@ WRITER = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_curve_bank import _points, _run
-from hpo.curve_bank import append_runs, curve_frame
+from hpo.trials.curve_bank import append_runs, curve_frame
 bank, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(n):
     append_runs(bank, [curve_frame(_run(f"{{prefix}}{{i}}", 0.1 + i), _points(5))])

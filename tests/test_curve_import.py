@@ -1,4 +1,4 @@
-"""Bring-your-own curves (hpo/curve_import.py): files, MLflow, and errors that name the problem."""
+"""Bring-your-own curves (hpo/calibration/curve_import.py): files, MLflow, and errors that name the problem."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpo.curve_bank import load_bank
-from hpo.curve_import import CurveImportError, curves_from_frame, load_curves_file, load_mlflow_curves
+from hpo.trials.curve_bank import load_bank
+from hpo.calibration.curve_import import CurveImportError, curves_from_frame, load_curves_file, load_mlflow_curves
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "configs/curves/example_curves.csv"
 
@@ -261,7 +261,7 @@ def test_from_mlflow_leaves_a_database_that_is_not_an_mlflow_store_untouched(tmp
     # MLflow would add its ~70 tables to any SQLite file it is pointed at.
     import sqlite3
 
-    from hpo.curve_import import CurveImportError, load_mlflow_curves
+    from hpo.calibration.curve_import import CurveImportError, load_mlflow_curves
 
     path = tmp_path / "app.db"
     with sqlite3.connect(path) as db:

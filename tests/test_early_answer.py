@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpo.early_answer import EarlyAnswer, format_early_answer
+from hpo.decisions.early_answer import EarlyAnswer, format_early_answer
 
 ANSWER = {
     "trial_id": "t3", "config": {"lr": 0.005}, "predicted_final_loss": 1.6954, "uncertainty": 0.041,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from hpo.cli import main
+from hpo.service.cli import main
 from hpo.data import sweep_config_path
-from hpo.sweep_config import load_sweep_config
+from hpo.trials.sweep_config import load_sweep_config
 from trainers.config import TrainConfig, run_controls
 
 

@@ -1,11 +1,11 @@
-"""Held-out errors (hpo/held_out.py): grouping across scales, the shipped error table, coverage."""
+"""Held-out errors (hpo/calibration/held_out.py): grouping across scales, the shipped error table, coverage."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hpo import held_out
+from hpo.calibration import held_out
 from predictors import Controls, Curve, Predictor, SurrogateParams
 from predictors.schedules import Schedule
 

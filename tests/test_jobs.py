@@ -26,7 +26,7 @@ CUT_DOWN = ["trainer.tokens_per_param=4", "search_space.lr.grid=[0.0025,0.01,0.0
 
 
 def hpo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpo.cli", *args], env=service_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpo.service.cli", *args], env=service_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -117,7 +117,7 @@ def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_
     # header". Refused up front, in one line naming the server and the fix, exit 2.
     from mlflow.tracking import MlflowClient
 
-    from hpo.tracking_uri import check_tracking_uri
+    from hpo.tracking.uri import check_tracking_uri
 
     bind, host = seen_from_another_machine()
     default, allowed = MlflowServer(tmp_path / "default", host=bind), MlflowServer(tmp_path / "allowed", host=bind)
@@ -132,15 +132,15 @@ def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and refused in lines[0], run.stderr
         assert "HTTP 403" in lines[0] and f"--allowed-hosts {host}:{default.port}" in lines[0], lines[0]
-        # (`hpo sweep` runs the same check: hpo.sweep.preflight_portable, as `hpo submit` does.)
+        # (`hpo sweep` runs the same check: hpo.service.sweep.preflight_portable, as `hpo submit` does.)
         # Started with --allowed-hosts HOST:PORT, the same machine's requests are served.
         uri = f"http://{host}:{allowed.port}"
         check_tracking_uri(uri)
         assert MlflowClient(tracking_uri=uri).create_experiment("from-another-machine")
         # `hpo stop` ends a sweep's runs on such a server with its one line only: MLflow's two
         # "View run/experiment at" lines per ended run (14 lines for 6 trials) are not printed.
-        from hpo.cluster import tracking_client
-        from hpo.tracking import record_stop
+        from hpo.tracking.cluster import tracking_client
+        from hpo.tracking.runs import record_stop
 
         monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
         client = tracking_client(uri)
@@ -158,7 +158,7 @@ def test_a_server_reached_from_another_machine_is_refused_in_one_line_until_its_
 def test_an_invalid_host_refusal_met_after_the_check_is_one_line_too(monkeypatch, capsys) -> None:
     # A server that starts refusing mid-run (restarted with other --allowed-hosts): MLflow's
     # client raises; the CLI prints the same one line instead of the traceback.
-    import hpo.cli as cli
+    import hpo.service.cli as cli
 
     def refuse(args) -> int:
         raise RuntimeError("API request to endpoint /api/2.0/mlflow/runs/create failed with error code 403 != 200. "
@@ -172,8 +172,8 @@ def test_an_invalid_host_refusal_met_after_the_check_is_one_line_too(monkeypatch
 
 
 def test_address_forms_and_the_error_line_of_a_failed_job() -> None:
-    from hpo.cluster import ClusterError, dashboard_url
-    from hpo.jobs import last_error_line
+    from hpo.tracking.cluster import ClusterError, dashboard_url
+    from hpo.service.jobs import last_error_line
 
     assert dashboard_url("head:8265") == "http://head:8265"
     assert dashboard_url("https://head:8265/") == "https://head:8265"
@@ -197,8 +197,8 @@ def test_the_job_working_dir_carries_the_validated_config_and_a_custom_predictor
     import yaml
 
     from hpo.data import default_predictor_path, sweep_config_path
-    from hpo.jobs import JOB_FILES, _job_files
-    from hpo.sweep_config import load_sweep_config
+    from hpo.service.jobs import JOB_FILES, _job_files
+    from hpo.trials.sweep_config import load_sweep_config
 
     shipped = tmp_path / "checkout"
     (shipped / ".git").mkdir(parents=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo import rules
+from hpo.decisions import rules
 from predictors.kinds import KIND_GROUPS, KINDS, SWEEP_KINDS, SweepKind, kind_axes
 
 #: Two values per sweep value, so that a sweep of any kind can be written down.

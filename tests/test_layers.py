@@ -20,6 +20,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: The layers, lowest first: a module may import modules of its own layer or a lower one.
 LAYERS = ("predictors", "trainers", "hpo")
+#: hpo's subpackages, lowest first: inside hpo, too, a subpackage imports only its own or lower
+#: ones (README "Repository layout"; trials and tracking, calibration and reporting, are
+#: side by side and import neither each other).
+HPO_LAYERS = ("common", "data", "decisions", "trials", "tracking", "calibration", "reporting", "monitor",
+              "service")
 #: Third-party packages a layer must never import (top-level names).
 FORBIDDEN = {"predictors": {"torch", "ray"}, "trainers": {"ray"}}
 
@@ -149,6 +154,23 @@ def back_arrows(found: list[Arrow]) -> list[str]:
     return bad
 
 
+def hpo_back_arrows(found: list[Arrow]) -> list[str]:
+    """Every arrow between hpo's subpackages that points up ``HPO_LAYERS``, and every hpo module
+    outside a subpackage (the package's face excepted)."""
+    rank = {layer: i for i, layer in enumerate(HPO_LAYERS)}
+    bad = []
+    for a in found:
+        src, dst = a.source.split("."), a.target.split(".")
+        if src[0] != "hpo" or dst[0] != "hpo" or len(src) < 2 or len(dst) < 2:
+            continue
+        if src[1] not in rank or dst[1] not in rank:
+            bad.append(f"unplaced module {a.source if src[1] not in rank else a.target} ({a.where}): "
+                       f"put it in one of hpo's subpackages {HPO_LAYERS}")
+        elif rank[dst[1]] > rank[src[1]]:
+            bad.append(f"back-arrow {a.source} -> {a.target} ({a.where}): hpo.{src[1]} may not import hpo.{dst[1]}")
+    return bad
+
+
 # ------------------------------------------------------------------------- the house
 def test_no_import_cycle_between_modules() -> None:
     modules, found = arrows(REPO)
@@ -163,6 +185,25 @@ def test_layers_point_one_way() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_hpo_subpackages_point_one_way() -> None:
+    modules, found = arrows(REPO, ["hpo"])
+    assert hpo_back_arrows(found) == []
+    loose = sorted(m for m in modules if m.count(".") == 1 and m.split(".")[1] not in HPO_LAYERS)
+    assert loose == [], f"modules outside hpo's subpackages: {loose}"
+
+
+def test_a_planted_back_arrow_inside_hpo_is_named(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "hpo/__init__.py": "",
+        "hpo/decisions/rules.py": "def keep():\n    from hpo.reporting import report\n",
+        "hpo/reporting/report.py": "from hpo.decisions.rules import keep\n",
+    })
+    _, found = arrows(root, ["hpo"])
+    assert hpo_back_arrows(found) == [
+        "back-arrow hpo.decisions.rules -> hpo.reporting.report (hpo/decisions/rules.py:2): "
+        "hpo.decisions may not import hpo.reporting"]
+
+
 def test_the_graph_sees_the_known_arrows() -> None:
     # The reader finds real arrows of each kind, so an empty answer above means something:
     # a module-level import, `from pkg import submodule`, and an import inside a function.
@@ -170,7 +211,7 @@ def test_the_graph_sees_the_known_arrows() -> None:
     pairs = {(a.source, a.target) for a in found}
     assert ("trainers.config", "predictors.equations") in pairs
     assert ("predictors.fit", "predictors.equations") in pairs  # from predictors import equations
-    assert ("hpo.calibrate", "hpo.banking") in pairs  # imported inside calibrate()
+    assert ("hpo.calibration.calibrate", "hpo.calibration.banking") in pairs  # imported inside calibrate()
     assert ("trainers.train", "torch") in pairs
 
 

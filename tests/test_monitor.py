@@ -124,7 +124,7 @@ def test_band_round_trip_and_bad_fields():
 
 
 def test_the_band_is_saved_in_the_predictor_and_measured_by_calibrate(tmp_path):
-    from hpo.calibration_fit import monitor_band
+    from hpo.calibration.fit import monitor_band
 
     curves = [Curve(T, clean(s), C, {"name": f"run{s}"}) for s in range(5)]
     band = monitor_band(curves, PRED)
@@ -156,7 +156,7 @@ def test_hpo_monitor_cli_json_plots_and_bad_input(tmp_path, capsys):
 
     import pandas as pd
 
-    from hpo.cli import main
+    from hpo.service.cli import main
 
     predictor = dataclasses.replace(PRED, monitor=BAND).save(tmp_path / "p.json")
     n_live = int(np.searchsorted(T, 0.25))

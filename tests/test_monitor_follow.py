@@ -1,7 +1,7 @@
 """`hpo monitor --job` / `--follow` and the alarms `hpo status` shows, on a real local MLflow
 store (SQLite) written the way a sweep writes it: a parent run tagged with the Ray Job id, one
 child run per trial with its params, `loss` and `train_fraction` histories, the residual metric
-and the alarm tags of hpo.monitor_live. Only the Ray Jobs API is stood in for (its job metadata)."""
+and the alarm tags of hpo.monitor.live. Only the Ray Jobs API is stood in for (its job metadata)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mlflow.entities import Metric, Param
 
-from hpo.monitor_live import ALARM_TAG, RESIDUAL_METRIC
+from hpo.monitor.live import ALARM_TAG, RESIDUAL_METRIC
 from tests.test_monitor import BAND, PRED, T, clean, drift
 
 JOB = "raysubmit_test26"
@@ -27,7 +27,7 @@ class FakeSweep:
     def __init__(self, uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        from hpo.tracking import JOB_TAG
+        from hpo.tracking.runs import JOB_TAG
 
         self.uri, self.client = uri, MlflowClient(tracking_uri=uri)
         self.experiment = self.client.create_experiment("sweep-exp")
@@ -72,10 +72,10 @@ class FakeJobs:
 
 @pytest.fixture
 def sweep(tmp_path, monkeypatch):
-    import hpo.cluster
+    import hpo.tracking.cluster
 
     store = FakeSweep(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr(hpo.cluster, "connect", lambda address: hpo.cluster.Cluster(FakeJobs(store), "http://head:8265"))
+    monkeypatch.setattr(hpo.tracking.cluster, "connect", lambda address: hpo.tracking.cluster.Cluster(FakeJobs(store), "http://head:8265"))
     return store
 
 
@@ -85,7 +85,7 @@ def predictor(tmp_path):
 
 
 def test_monitor_job_reads_only_that_sweeps_trials(sweep, predictor, capsys):
-    from hpo.cli import main
+    from hpo.service.cli import main
 
     other = sweep.client.create_run(sweep.experiment, run_name="not-a-trial")  # same experiment, another sweep
     sweep.client.log_batch(other.info.run_id, metrics=[Metric("loss", 3.0, 1, 1)])
@@ -103,7 +103,7 @@ def test_monitor_job_reads_only_that_sweeps_trials(sweep, predictor, capsys):
 
 
 def test_follow_prints_only_changes_until_the_runs_end(sweep, predictor):
-    from hpo.monitor import CurveSource, follow
+    from hpo.monitor.command import CurveSource, follow
     from predictors import Predictor
 
     stages = iter([0.2, 0.5, 0.7, 1.0])
@@ -131,7 +131,7 @@ def test_follow_prints_only_changes_until_the_runs_end(sweep, predictor):
 def test_follow_on_the_cli_for_a_finished_file_prints_once_and_ends(tmp_path, predictor, capsys):
     import pandas as pd
 
-    from hpo.cli import main
+    from hpo.service.cli import main
     from tests.test_monitor import _curve_rows
 
     path = tmp_path / "curves.csv"
@@ -148,8 +148,8 @@ def test_follow_on_the_cli_for_a_finished_file_prints_once_and_ends(tmp_path, pr
 def test_status_shows_each_trials_alarm(sweep):
     from mlflow.entities import RunTag
 
-    from hpo.cluster import connect
-    from hpo.jobs import format_state, job_state
+    from hpo.tracking.cluster import connect
+    from hpo.service.jobs import format_state, job_state
 
     sweep.grow(1.0)
     assert "monitor: no alarm (2 trial(s), 0 past their alignment window)" in format_state(
@@ -168,7 +168,7 @@ def test_status_shows_each_trials_alarm(sweep):
 
 
 def test_follow_an_experiment_ends_when_its_runs_have_ended(sweep, predictor):
-    from hpo.monitor import CurveSource, follow
+    from hpo.monitor.command import CurveSource, follow
     from predictors import Predictor
 
     sweep.grow(1.0)

@@ -1,11 +1,11 @@
-"""The monitor live in sweeps (hpo.monitor_live): residual metric, alarm line and tag, stop_on_alarm."""
+"""The monitor live in sweeps (hpo.monitor.live): residual metric, alarm line and tag, stop_on_alarm."""
 
 import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
 
-from hpo.monitor_live import ALARM_TAG, RESIDUAL_METRIC, MonitorCallback, MonitorStopper, TrialMonitor
+from hpo.monitor.live import ALARM_TAG, RESIDUAL_METRIC, MonitorCallback, MonitorStopper, TrialMonitor
 from tests.test_monitor import BAND, PRED, T, clean, drift
 
 CONTROLS = {"tau": 0.2, "tokens_per_param": 20.0, "schedule": "linear", "warmup_fraction": 0.1, "n_params": 1e5}
@@ -75,8 +75,8 @@ def test_sweep_config_monitor_option():
     import pytest
 
     from hpo.data import sweep_config_path
-    from hpo.overrides import ConfigError
-    from hpo.sweep_config import load_sweep_config
+    from hpo.common.overrides import ConfigError
+    from hpo.trials.sweep_config import load_sweep_config
 
     path = sweep_config_path("quickstart")
     config = load_sweep_config(path)

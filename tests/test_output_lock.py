@@ -1,4 +1,4 @@
-"""One driver per output folder (``hpo.output_lock``): a second ``hpo sweep`` / ``hpo resume`` /
+"""One driver per output folder (``hpo.common.output_lock``): a second ``hpo sweep`` / ``hpo resume`` /
 ``hpo calibrate`` into a folder in use exits 2 naming the holder, writes nothing; a killed holder
 frees the folder; a start that failed leaves it sweepable."""
 
@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from bad_input_cases import REPO, sweep_config
-from hpo.output_lock import LOCK_FILE, FolderBusyError, hold_folder
+from hpo.common.output_lock import LOCK_FILE, FolderBusyError, hold_folder
 
-HOLD = ("import sys, time\nfrom hpo.output_lock import hold_folder\n"
+HOLD = ("import sys, time\nfrom hpo.common.output_lock import hold_folder\n"
         "with hold_folder(sys.argv[1], 'hpo sweep'):\n    print('held', flush=True)\n    time.sleep(120)\n")
 
 
@@ -39,7 +39,7 @@ def holder(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen]]:
 def _cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, "-m", "hpo.cli", *argv], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpo.service.cli", *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -93,8 +93,8 @@ def test_a_killed_holder_frees_the_folder(holder) -> None:
 
 def test_a_failed_start_writes_nothing_and_a_start_that_wrote_its_config_can_start_again(tmp_path: Path,
                                                                                           monkeypatch) -> None:
-    from hpo import sweep
-    from hpo.sweep_config import load_sweep_config
+    from hpo.service import sweep
+    from hpo.trials.sweep_config import load_sweep_config
 
     folder = tmp_path / "out"
     config = load_sweep_config(data=sweep_config(output_dir=str(folder)), source="s.yaml")

@@ -1,4 +1,4 @@
-"""The report's figures (hpo/plots.py): readable at 100% zoom, and never an empty box."""
+"""The report's figures (hpo/reporting/plots.py): readable at 100% zoom, and never an empty box."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from hpo.plots import plot_rung_predictions
-from hpo.scheduler_state import RungEntry, RungRecord
+from hpo.reporting.plots import plot_rung_predictions
+from hpo.decisions.scheduler_state import RungEntry, RungRecord
 
 
 def _entry(tid: str, final: float, decision: str) -> RungEntry:
@@ -39,8 +39,8 @@ def test_a_large_sweep_is_coloured_by_its_searched_value_not_a_legend_per_trial(
     # keeps one distinct colour and legend entry per trial.
     import numpy as np
 
-    from hpo.plots import LEGEND_MAX, plot_curves, trial_palette
-    from hpo.scheduler_state import TrialRecord
+    from hpo.reporting.plots import LEGEND_MAX, plot_curves, trial_palette
+    from hpo.decisions.scheduler_state import TrialRecord
 
     lrs = np.geomspace(1e-3, 0.3, 30)
     configs = {f"t{i:02d}": {"lr": float(lr), "batch_size": 32, "schedule": "linear"} for i, lr in enumerate(lrs)}

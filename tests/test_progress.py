@@ -1,4 +1,4 @@
-"""Live progress (hpo/progress.py): rung decisions announced as made, readable at 80 columns."""
+"""Live progress (hpo/reporting/progress.py): rung decisions announced as made, readable at 80 columns."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from hpo.progress import RungAnnouncer, rung_line
+from hpo.reporting.progress import RungAnnouncer, rung_line
 
 
 def test_rung_line_fits_80_columns_and_names_both_bests():

@@ -1,4 +1,4 @@
-"""Ranking errors by kind of sweep (predictors/ranking.py) and their measurement (hpo/ranking_error.py)."""
+"""Ranking errors by kind of sweep (predictors/ranking.py) and their measurement (hpo/calibration/ranking_error.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import predictors.ranking
-from hpo.ranking_error import probit_scale
+from hpo.calibration.ranking_error import probit_scale
 from predictors.ranking import KindError, RankingError
 
 

@@ -1,11 +1,11 @@
-"""The ranking error (hpo/ranking_error.py): held-out sweeps per kind, the order used, the seed noise."""
+"""The ranking error (hpo/calibration/ranking_error.py): held-out sweeps per kind, the order used, the seed noise."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hpo.ranking_error import agreement, choose_order, ranking_error_table, seed_noise
+from hpo.calibration.ranking_error import agreement, choose_order, ranking_error_table, seed_noise
 from predictors import Controls, Curve, Predictor, SurrogateParams
 from predictors.schedules import Schedule
 

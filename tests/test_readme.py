@@ -36,7 +36,7 @@ def test_every_slow_test_runs_in_ci() -> None:
 
 
 def test_every_positional_argument_has_help() -> None:
-    from hpo.cli import build_parser
+    from hpo.service.cli import build_parser
 
     parser = build_parser()
     commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices

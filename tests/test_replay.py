@@ -1,4 +1,4 @@
-"""Tests of ``hpo.replay``: replaying banked curves through Ray Tune, and the scoring logic
+"""Tests of ``hpo.trials.replay``: replaying banked curves through Ray Tune, and the scoring logic
 of ``benchmarks/decisions.py``.
 
 The synthetic bank: 5 runs of one τ sweep (TPP 20), each curve exactly L·ℓ̂(t̂; τ) of a
@@ -24,9 +24,9 @@ import time
 import numpy as np
 import pytest
 
-from hpo import rules
-from hpo.curve_bank import append_runs, curve_frame
-from hpo.replay import (
+from hpo.decisions import rules
+from hpo.trials.curve_bank import append_runs, curve_frame
+from hpo.trials.replay import (
 
     REPORT_KEYS,
     ReplayTrainable,
@@ -165,8 +165,8 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     ray = pytest.importorskip("ray")
     from ray import tune
 
-    from hpo.scheduler import CollapseScheduler
-    from hpo.scheduler_state import SchedulerState
+    from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.decisions.scheduler_state import SchedulerState
 
     class Keys(tune.Callback):
         def __init__(self):
@@ -207,7 +207,7 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     assert o.compute == pytest.approx(0.34) and rules.is_finished(reached["c"])
     # The offline simulator (what the decision benchmark runs) makes the same decisions on the
     # same curves: same keep set at every rung, same t̂ reached.
-    from hpo.simulator import SimulatedSweep
+    from hpo.decisions.simulator import SimulatedSweep
 
     offline = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min", rungs=(0.1, 0.2, 0.3),
                                 reduction_factor=2, margin=0.0, decision_mode="sync")

@@ -1,4 +1,4 @@
-"""Tests of hpo.analysis / hpo.report / hpo.plots on synthetic sweep output directories.
+"""Tests of hpo.reporting.analysis / hpo.reporting.report / hpo.reporting.plots on synthetic sweep output directories.
 
 Curve family: L_i(t̂) = F_i·ℓ(t̂; a_i) with ℓ(t̂; a) = 1 + a·(1 − t̂)², a carried in the
 controls as τ. Trial "t1" has the best final loss but a steep curve, so the current-best
@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpo.analysis import CSV_COLUMNS, STOP_GRID, Report
-from hpo.report import print_report, write_report
-from hpo.scheduler_state import RungEntry, RungRecord, SchedulerState, TrialRecord
+from hpo.reporting.analysis import CSV_COLUMNS, STOP_GRID, Report
+from hpo.reporting.report import print_report, write_report
+from hpo.decisions.scheduler_state import RungEntry, RungRecord, SchedulerState, TrialRecord
 
 T = np.round(np.linspace(0.01, 1.0, 100), 6)
 # trial id: (final loss F, curve steepness a)
@@ -277,7 +277,7 @@ def test_print_report_and_cli(tmp_path, capsys):
     print_report(report)
     text = capsys.readouterr().out
     assert "predicted-best" in text and "current-best" in text and "report.csv" in text
-    from hpo.cli import main
+    from hpo.service.cli import main
 
     assert main(["report", str(tmp_path)]) == 0
     assert math.isfinite(pd.read_csv(tmp_path / "report" / "report.csv")["predicted_final_loss"].iloc[0])

@@ -1,4 +1,4 @@
-"""The decision core (hpo/rules.py): the keep rule, kinds of sweep, probability, compute."""
+"""The decision core (hpo/decisions/rules.py): the keep rule, kinds of sweep, probability, compute."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from hpo import rules
-from hpo.rules import Candidate, keep_rule
+from hpo.decisions import rules
+from hpo.decisions.rules import Candidate, keep_rule
 
 
 def _c(tid: str, predicted: float | None, loss: float = 2.0) -> Candidate:
@@ -123,7 +123,7 @@ def test_the_cut_is_the_same_in_the_fit_error_and_at_the_rung() -> None:
 def test_keep_rule_ranks_by_the_order_it_is_given():
     # Issue 25: weight 1 ranks by the predicted finals, weight 0 by the losses at the rung
     # (current-best's order); the reasons say which order ranked a trial.
-    from hpo.rules import Candidate, keep_rule
+    from hpo.decisions.rules import Candidate, keep_rule
 
     cands = [Candidate("a", 2.00, 2.40), Candidate("b", 2.10, 2.20), Candidate("c", 2.30, 2.30)]
     by_prediction = keep_rule(cands, last=True, reduction_factor=2, margin=0.0, weight=1.0)
@@ -135,7 +135,7 @@ def test_keep_rule_ranks_by_the_order_it_is_given():
 def test_keep_rule_within_the_tolerance_keeps_the_rule_survivors_only():
     # Every prediction within the tolerance (loss units here, relative to the best's predicted
     # final): ⌈n/rf⌉ kept though the margin covers everyone; beyond it, the margin shrinks by it.
-    from hpo.rules import Candidate, keep_rule
+    from hpo.decisions.rules import Candidate, keep_rule
 
     cands = [Candidate(str(i), 2.0 + 0.002 * i, 2.3) for i in range(5)]
     assert keep_rule(cands, last=False, reduction_factor=2, margin=0.05).kept_all

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpo import replay, tracking
-from hpo.curve_bank import OPTIONAL_RUN_COLUMNS, RUN_COLUMNS
-from hpo.trainable import report_controls
+from hpo.trials import replay
+from hpo.tracking import runs as tracking
+from hpo.trials.curve_bank import OPTIONAL_RUN_COLUMNS, RUN_COLUMNS
+from hpo.trials.trainable import report_controls
 from predictors.run_keys import KEY_TYPES, RUN_KEYS, names
 from tests.test_trainable import _trainable
 

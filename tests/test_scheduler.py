@@ -1,4 +1,4 @@
-"""Tests of ``hpo.scheduler.CollapseScheduler``.
+"""Tests of ``hpo.decisions.scheduler.CollapseScheduler``.
 
 Unit tests drive the scheduler the way Ray's own scheduler tests do: stub ``Trial`` objects
 and a small fake controller that mimics what ``TuneController`` (Ray 2.60) does with the
@@ -30,10 +30,10 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from hpo import rules
-from hpo.sweep_config import SchedulerSettings
-from hpo.scheduler import CollapseScheduler
-from hpo.scheduler_state import SchedulerState, StateFileError
+from hpo.decisions import rules
+from hpo.trials.sweep_config import SchedulerSettings
+from hpo.decisions.scheduler import CollapseScheduler
+from hpo.decisions.scheduler_state import SchedulerState, StateFileError
 
 CONTINUE, PAUSE, STOP = TrialScheduler.CONTINUE, TrialScheduler.PAUSE, TrialScheduler.STOP
 DT = 0.05  # report interval in t̂
@@ -907,7 +907,7 @@ def test_set_search_properties_and_mode():
 # problem: a missing training fraction, one outside [0, 1] (an iteration count), a result for a
 # trial never added.
 def test_contract_violations_are_errors():
-    from hpo.scheduler import SchedulerContractError
+    from hpo.decisions.scheduler import SchedulerContractError
 
     s = sched()
     a = stub("a", final=1.0, tau=0.5)
@@ -927,8 +927,8 @@ def test_contract_violations_are_errors():
 # stops the sweep with a message naming the trial and both values; the same step back after a
 # restore (iterations_since_restore starts again) is a rewind, accepted.
 def test_t_hat_going_back_within_one_run_is_refused():
-    from hpo.errors import InputError
-    from hpo.scheduler import SchedulerContractError
+    from hpo.common.errors import InputError
+    from hpo.decisions.scheduler import SchedulerContractError
 
     s = sched()
     a = stub("a", final=1.0, tau=0.5)
@@ -946,7 +946,7 @@ def test_t_hat_going_back_within_one_run_is_refused():
 # naming the keys (before: every trial was silently kept at every rung, "predicted best None");
 # a missing schedule/warmup is said once per sweep, naming the keys and the defaults assumed.
 def test_missing_controls_are_errors_and_a_missing_schedule_is_said_once(caplog):
-    from hpo.scheduler import SchedulerContractError
+    from hpo.decisions.scheduler import SchedulerContractError
 
     for drop, named in ((("tau",), "'tau'"), (("tau", "tokens_per_param"), "'tau' or 'tokens_per_param'"),
                         (("tokens_per_param",), "'tokens_per_param'")):
@@ -960,7 +960,7 @@ def test_missing_controls_are_errors_and_a_missing_schedule_is_said_once(caplog)
     s = sched()
     a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.0, tau=0.5)
     ctl = FakeController(s, [a, b])
-    caplog.set_level(logging.WARNING, logger="hpo.scheduler")
+    caplog.set_level(logging.WARNING, logger="hpo.decisions.scheduler")
     for trial in (a, b):
         ctl.start(trial)
         plain = {k: v for k, v in make_result(1.0, 0.5, 0.05).items() if k not in ("schedule", "warmup_fraction")}
@@ -1276,7 +1276,7 @@ def test_sweep_within_the_tolerance_keeps_the_rule_survivors():
 # rung round at 10,000 trials); and the sweep ends as the definition says (same survivors and
 # stops as with the walks, checked call by call in the other tests' strict mode).
 def test_bookkeeping_is_not_quadratic_in_the_trials():
-    from hpo.simulator import SimulatedSweep
+    from hpo.decisions.simulator import SimulatedSweep
 
     n = 600
     rng = random.Random(7)

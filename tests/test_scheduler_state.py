@@ -1,4 +1,4 @@
-"""Tests of the persisted scheduler state (``hpo/scheduler_state.py``)."""
+"""Tests of the persisted scheduler state (``hpo/decisions/scheduler_state.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from hpo.scheduler_state import (
+from hpo.decisions.scheduler_state import (
     SCHEMA_VERSION,
     RungEntry,
     RungRecord,
@@ -92,7 +92,7 @@ def test_json_safe():
 def test_history_log_replays_curves_rewinds_and_a_torn_line(tmp_path):
     # The snapshot holds no curves; load() rebuilds them from the append-only log, applying a
     # restore's rewind (t̂ going back drops the later points) and ignoring a line cut by a kill.
-    from hpo.scheduler_state import HistoryLog, SchedulerState, TrialRecord, history_path
+    from hpo.decisions.scheduler_state import HistoryLog, SchedulerState, TrialRecord, history_path
 
     path = tmp_path / "scheduler_state.json"
     state = SchedulerState(trials={"a": TrialRecord(trial_id="a")}, experiment_id="x")
@@ -116,7 +116,7 @@ def test_controls_stay_typed_in_memory_and_round_trip_through_the_state_file(tmp
     # them from the trial's next result rather than failing the restore.
     import math
 
-    from hpo.scheduler_state import SchedulerState, TrialRecord
+    from hpo.decisions.scheduler_state import SchedulerState, TrialRecord
     from predictors import Controls
     from predictors.schedules import Schedule
 
@@ -138,7 +138,7 @@ def test_snapshot_fast_path_writes_what_json_safe_writes() -> None:
 
     import numpy as np
 
-    from hpo.scheduler_state import RungEntry, TrialRecord
+    from hpo.decisions.scheduler_state import RungEntry, TrialRecord
     from predictors.controls import Controls
     from predictors.io import json_safe
 
@@ -188,7 +188,7 @@ def test_snapshot_text_is_the_strict_json_of_the_safe_dict(odd) -> None:
 
 # Asserts: a history line is what json.dumps([trial_id, t, loss]) writes, and replays.
 def test_history_lines_are_json_lists(tmp_path):
-    from hpo.scheduler_state import HistoryLog
+    from hpo.decisions.scheduler_state import HistoryLog
 
     log = HistoryLog(tmp_path / "h.jsonl")
     points = [("t\"1é", 0.1, 2.0), ("b", 1e-20, 1e300), ("b", 0.30000000000000004, 5e-324)]
@@ -202,7 +202,7 @@ def test_history_lines_are_json_lists(tmp_path):
 # Asserts: status and decision are enums that are their strings: a state file's words load as
 # members, are written back as the same words, and an unknown word names the record.
 def test_statuses_and_decisions_are_their_strings(tmp_path):
-    from hpo.scheduler_state import RungDecision, TrialStatus, verdict
+    from hpo.decisions.scheduler_state import RungDecision, TrialStatus, verdict
 
     state = _state()
     state.early_answer = None
@@ -226,7 +226,7 @@ def test_statuses_and_decisions_are_their_strings(tmp_path):
 
 # Asserts: a trial waits at the first undecided rung it has an undecided entry at, and nowhere else.
 def test_waiting_rung_predicate():
-    from hpo.scheduler_state import RungDecision
+    from hpo.decisions.scheduler_state import RungDecision
 
     state = _state()
     state.rungs.append(RungRecord(index=1, fraction=0.2))

@@ -1,8 +1,8 @@
-"""How model size enters the shipped predictor (hpo/size_choice.py): the choice within noise."""
+"""How model size enters the shipped predictor (hpo/calibration/size_choice.py): the choice within noise."""
 
 from __future__ import annotations
 
-from hpo.size_choice import pick_within_noise
+from hpo.calibration.size_choice import pick_within_noise
 
 
 def test_size_method_falls_back_to_the_simpler_when_the_gain_is_within_noise() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.sweep import run_sweep
-from hpo.sweep_config import load_sweep_config
+from hpo.service.sweep import run_sweep
+from hpo.trials.sweep_config import load_sweep_config
 from sweep_fixtures import tiny_sweep
 
 
@@ -130,7 +130,7 @@ def test_a_sweep_where_every_trial_diverged_fails_and_says_so(tmp_path: Path) ->
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-m", "hpo.cli", "sweep", str(config)], env=env, cwd=tmp_path,
+    run = subprocess.run([sys.executable, "-m", "hpo.service.cli", "sweep", str(config)], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stderr[-3000:]
     assert "every trial diverged (2 of 2)" in run.stderr
@@ -147,10 +147,10 @@ def test_an_occupied_output_dir_says_whether_resume_applies(tmp_path: Path) -> N
     # The same config again: `hpo resume` continues it. Another config into the same folder:
     # resume would continue the old config, so the message names what differs and points to
     # --output instead. Nothing is written either way.
-    from hpo.overrides import ConfigError
-    from hpo.sweep import prepare_output, preflight_sweep
+    from hpo.common.overrides import ConfigError
+    from hpo.service.sweep import prepare_output, preflight_sweep
 
-    from hpo.sweep import STATE_FILE
+    from hpo.service.sweep import STATE_FILE
 
     output = tmp_path / "out"
     prepare_output(load_sweep_config(data=tiny_sweep(output)))

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.overrides import ConfigError, apply_overrides
-from hpo.sweep_config import load_sweep_config
+from hpo.common.overrides import ConfigError, apply_overrides
+from hpo.trials.sweep_config import load_sweep_config
 from predictors.equations import power_lines_tau
 
 BASE = {
@@ -131,8 +131,8 @@ def test_a_sweeps_artifacts_stay_in_its_output_folder(tmp_path) -> None:
     # With a custom SQLite (or database) store MLflow's default artifact root is ./mlruns in
     # the driver's working directory; the sweep points new experiments at its own folder.
     from bad_input_cases import sweep_config
-    from hpo.sweep import artifact_location
-    from hpo.sweep_config import load_sweep_config
+    from hpo.service.sweep import artifact_location
+    from hpo.trials.sweep_config import load_sweep_config
 
     for uri, expected in ((None, True), (f"sqlite:///{tmp_path}/m.db", True),
                           ("postgresql://db/mlflow", True), ("http://127.0.0.1:5000", False)):
@@ -146,8 +146,8 @@ def test_limits_are_stated_and_can_be_raised() -> None:
     # Trial counts and TPP beyond the stated limits are refused up front, naming the limit;
     # raising it runs them. A name that reads as a number stays a name.
     from bad_input_cases import sweep_config
-    from hpo.overrides import ConfigError
-    from hpo.sweep_config import load_sweep_config
+    from hpo.common.overrides import ConfigError
+    from hpo.trials.sweep_config import load_sweep_config
 
     with pytest.raises(ConfigError, match=r"3 x 4 grid point\(s\) = 12 trials, above limits.max_trials 10"):
         load_sweep_config(data=sweep_config(num_samples=3, **{"search_space.lr": {"grid": [0.01, 0.02, 0.03, 0.04]},

@@ -33,7 +33,7 @@ def test_sweep_through_two_node_cluster(tmp_path: Path, two_node_cluster: RayClu
     sweep["ray"] = {}
     config_path.write_text(yaml.safe_dump(sweep))
     run = subprocess.run(
-        [sys.executable, "-m", "hpo.cli", "sweep", str(config_path), "--address", two_node_cluster.address],
+        [sys.executable, "-m", "hpo.service.cli", "sweep", str(config_path), "--address", two_node_cluster.address],
         env=service_env(), capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from hpo.trainable import read_progress
+from hpo.trials.trainable import read_progress
 from sweep_fixtures import tiny_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def test_kill_driver_after_first_rung_then_resume_a_copy(tmp_path: Path) -> None
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "hpo.cli", "sweep", str(config_path)], env=env,
+        [sys.executable, "-m", "hpo.service.cli", "sweep", str(config_path)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
@@ -84,7 +84,7 @@ def test_kill_driver_after_first_rung_then_resume_a_copy(tmp_path: Path) -> None
             checkpointed[tid] = max(checkpointed.get(tid, 0), int(progress["step"]))
     original = _digests(output)
     resumed = subprocess.run(
-        [sys.executable, "-m", "hpo.cli", "resume", str(copy)], env=env, cwd=tmp_path,
+        [sys.executable, "-m", "hpo.service.cli", "resume", str(copy)], env=env, cwd=tmp_path,
         capture_output=True, text=True, timeout=600,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -1,15 +1,15 @@
-"""The markdown-table renderer (hpo/tables.py)."""
+"""The markdown-table renderer (hpo/common/tables.py)."""
 
 import doctest
 
 import pytest
 
-import hpo.tables
-from hpo.tables import markdown_table
+import hpo.common.tables
+from hpo.common.tables import markdown_table
 
 
 def test_docstring_example_runs() -> None:
-    assert doctest.testmod(hpo.tables).failed == 0
+    assert doctest.testmod(hpo.common.tables).failed == 0
 
 
 def test_pipes_are_escaped_and_rows_checked() -> None:

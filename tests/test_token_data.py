@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpo.curve_bank import run_id_of
+from hpo.trials.curve_bank import run_id_of
 from trainers.config import DataConfig, TrainConfig, load_train_config
 from trainers.data import load_corpus
 from trainers.runner import run_to_directory
@@ -162,7 +162,7 @@ def test_a_single_pass_run_prints_no_warning(tmp_path: Path, capsys: Any) -> Non
 def test_hpo_train_refuses_a_vocabulary_mismatch_in_one_line(tmp_path: Path, capsys: Any) -> None:
     import yaml
 
-    from hpo.cli import main
+    from hpo.service.cli import main
 
     corpus = write_token_dataset(tmp_path / "tokens", n_train=2000, n_val=500)
     config_path = tmp_path / "run.yaml"
@@ -175,7 +175,7 @@ def test_hpo_train_refuses_a_vocabulary_mismatch_in_one_line(tmp_path: Path, cap
 
 
 def _sweep(corpus: Path, cache: Path, **trainer: Any) -> Any:
-    from hpo.sweep_config import load_sweep_config
+    from hpo.trials.sweep_config import load_sweep_config
 
     base = {k: v for k, v in _config(corpus, cache).items() if k not in ("threads", "device")}
     base.update(trainer)
@@ -185,8 +185,8 @@ def _sweep(corpus: Path, cache: Path, **trainer: Any) -> Any:
 
 
 def test_a_sweep_checks_the_vocabulary_and_warns_once_about_repeated_data(tmp_path: Path) -> None:
-    from hpo.overrides import ConfigError
-    from hpo.sweep import check_data
+    from hpo.common.overrides import ConfigError
+    from hpo.service.sweep import check_data
 
     corpus = write_token_dataset(tmp_path / "tokens", n_train=3000, n_val=1000)
     # One line for the whole sweep, from its longest trial (D rounds to whole steps of each batch size).
@@ -199,7 +199,7 @@ def test_a_sweep_checks_the_vocabulary_and_warns_once_about_repeated_data(tmp_pa
 
 
 def test_calibration_report_names_the_runs_that_repeated_data() -> None:
-    from hpo.calibration_report import _repeated_markdown, repeated_data
+    from hpo.calibration.report import _repeated_markdown, repeated_data
     from predictors import Controls, Curve
 
     def curve(name: str, epochs: float) -> Any:

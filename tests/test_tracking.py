@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpo.sweep import verdict_from_state
-from hpo.tracking import SweepTracker, relocate_sqlite_store
+from hpo.service.sweep import verdict_from_state
+from hpo.tracking.runs import SweepTracker, relocate_sqlite_store
 
 
 def _tracker(output: Path) -> SweepTracker:
@@ -82,7 +82,7 @@ def test_a_copied_store_logs_artifacts_into_the_copy(tmp_path: Path) -> None:
 def test_published_decisions_and_early_answer_read_back_from_the_store_alone(tmp_path: Path) -> None:
     # What `hpo status` / `hpo answer` read: found by the job-id tag, progress and the answer
     # back from tags and artifacts; the answer is there only once its tag is set.
-    from hpo.tracking import JOB_TAG, find_job_run, read_published
+    from hpo.tracking.runs import JOB_TAG, find_job_run, read_published
 
     tracker = _tracker(tmp_path / "out")
     tracker.start({"sweep": "sweep"})
@@ -105,8 +105,8 @@ def test_ids_in_mlflow_filters_are_checked_never_spliced() -> None:
     # A quote in a Ray job id used to be spliced into the filter string: `hpo status` crashed,
     # and a crafted id could select another job's runs. A plain id is quoted; anything else is
     # refused as input, naming the field.
-    from hpo.errors import InputError
-    from hpo.tracking import find_job_run, record_stop
+    from hpo.common.errors import InputError
+    from hpo.tracking.runs import find_job_run, record_stop
 
     class Client:
         def __init__(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hpo.trainable import FINAL_CHECKPOINT, CollapseTrainable
+from hpo.trials.trainable import FINAL_CHECKPOINT, CollapseTrainable
 
 BASE: dict[str, Any] = {
     "model": {"d_model": 32, "n_layers": 1, "d_head": 16, "seq_len": 32, "base_d_model": 32, "base_n_layers": 1},

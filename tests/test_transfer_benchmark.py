@@ -15,7 +15,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from hpo.curve_bank import bank_curves, load_bank
+from hpo.trials.curve_bank import bank_curves, load_bank
 from predictors import Predictor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,8 +79,8 @@ def test_decision_error_matches_direct_prediction(predictor: Predictor, curves: 
 def test_decision_error_agrees_with_scheduler(predictor: Predictor, curves: list, rows: list) -> None:
     """The script predicts exactly as the scheduler's rung entry does (``CollapseScheduler._entry``)."""
     pytest.importorskip("ray")
-    from hpo.scheduler import CollapseScheduler
-    from hpo.scheduler_state import TrialRecord
+    from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.decisions.scheduler_state import TrialRecord
 
     scheduler = CollapseScheduler(predictor=predictor, rungs=(0.1, 0.3))
     curve, row = curves[1], rows[1]

@@ -60,7 +60,7 @@ def sweep_config_path(config: str) -> Path:
     """A sweep CONFIG argument (``hpo sweep``, ``hpo submit``) as a file: an existing path, else
     a packaged sweep by name (``hpo sweep quickstart`` works from any directory, also from a
     wheel install)."""
-    from hpo.overrides import ConfigError
+    from hpo.common.overrides import ConfigError
 
     path = Path(config)
     if path.exists() or path.suffix or len(path.parts) > 1:

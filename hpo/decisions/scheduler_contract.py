@@ -1,0 +1,196 @@
+"""The report contract of :class:`hpo.decisions.scheduler.CollapseScheduler` (``docs/design.md``): what
+a trial's results must carry, checked as each one is read.
+
+Every result carries the metric and the training fraction t̂ ∈ [0, 1] (``time_attr``); the
+controls τ and TPP (and the schedule, else its default, said once) come from the results or
+the trial's config; t̂ never goes back within one run of a trainable. A broken contract is a
+:class:`SchedulerContractError` naming the trial and the key: the scheduler cannot predict
+without it, and would otherwise keep every trial silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping, NamedTuple, Optional
+
+from hpo.decisions import rules
+from hpo.common.errors import InputError
+from hpo.decisions.scheduler_records import TrialRecord
+from predictors.controls import Controls
+from predictors.curves import T_HAT_EPS
+from predictors.io import finite_or_none
+from predictors.schedules import SCHEDULE_NAMES, Schedule
+
+logger = logging.getLogger("hpo.decisions.scheduler")
+
+#: Controls a result (or the trial's config) must carry: without them nothing can be predicted.
+CONTROL_KEYS = ("tau", "tokens_per_param")
+#: What a result without a schedule is taken to mean (Controls.from_mapping's defaults), said once.
+SCHEDULE_DEFAULTS = {"schedule": Schedule().name, "warmup_fraction": Schedule().warmup_fraction,
+                     "decay_fraction": Schedule().decay_fraction}
+
+
+class SchedulerContractError(InputError):
+    """A trial's results break the report contract (``docs/design.md``); names the key. An
+    :class:`~hpo.common.errors.InputError`: the CLI prints it as one line (exit status 2)."""
+
+
+def flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config flattened (``a/b`` keys, and each leaf under its own name too)."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            out.update(flat(value, f"{prefix}{key}/"))
+        out[f"{prefix}{key}"] = value
+        out.setdefault(str(key), value)
+    return out
+
+
+class Reading(NamedTuple):
+    """A result as the scheduler takes it: t̂ and the metric (None: the trial diverged)."""
+
+    t: float
+    value: Optional[float]
+
+
+class ReportReader:
+    """Reads results against the contract; remembers per trial what it read in this process
+    (its controls, read once; its last (iteration, t̂) since a restore) and which warnings
+    it has given (each once per sweep)."""
+
+    def __init__(self, time_attr: str) -> None:
+        self.time_attr = time_attr
+        self.warned: set[str] = set()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what this process read (a restored scheduler reads controls again)."""
+        self.controls_read: set[str] = set()
+        # Per trial, (iterations_since_restore, t̂) of its last result in this process: within one
+        # run of a trainable (no restore between) t̂ may never go back.
+        self.session: dict[str, tuple[int, float]] = {}
+
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            logger.warning(message, *args)
+
+    def warn_restart(self, trial_id: str, t: float) -> None:
+        """Sync mode saw a trial begin again below the first rung after a pause."""
+        self.warn_once("restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: its trainable "
+                       "does not restore checkpoints, so sync mode trains it twice up to each rung (use a class "
+                       "trainable with save/load_checkpoint, tune.get_checkpoint(), or decision_mode='async')",
+                       trial_id, t)
+
+    def read(self, rec: TrialRecord, result: Mapping[str, Any], metric: Optional[str]) -> Reading:
+        """Check a result; take its compute weights, and (once) the trial's controls and sweep
+        values into ``rec``. The metric is None when it is not finite or ``diverged`` is set."""
+        if self.time_attr not in result or finite_or_none(result.get(self.time_attr)) is None:
+            raise SchedulerContractError(
+                f"CollapseScheduler: trial {rec.trial_id}: result has no finite {self.time_attr!r} "
+                f"(the training fraction t̂ in [0, 1]); keys: {sorted(result)[:20]}")
+        t = float(result[self.time_attr])
+        if not (-T_HAT_EPS <= t <= 1.0 + 1e-6):
+            raise SchedulerContractError(
+                f"CollapseScheduler: trial {rec.trial_id}: {self.time_attr} = {t:g} is outside [0, 1]; "
+                "report the training fraction (tokens seen / total tokens), not an iteration count or a percent")
+        if metric not in result:
+            raise SchedulerContractError(f"CollapseScheduler: trial {rec.trial_id}: result has no {metric!r}")
+        self._check_monotone(rec.trial_id, t, result.get("iterations_since_restore"))
+        for key in ("n_params", "total_tokens"):
+            value = finite_or_none(result.get(key))
+            if value is not None and value > 0:
+                setattr(rec, key, value)
+        if rec.trial_id not in self.controls_read or rec.controls is None:
+            # A trial's controls do not change: read them once per process (and until found).
+            merged = {**flat(rec.config), **result}
+            rec.controls = self._controls(rec.trial_id, merged)
+            rec.sweep_values = rules.sweep_values(merged)
+            self.controls_read.add(rec.trial_id)
+        value = finite_or_none(result.get(metric))
+        return Reading(t, None if value is None or bool(result.get("diverged", False)) else value)
+
+    def _check_monotone(self, trial_id: str, t: float, iteration: Any) -> None:
+        """Refuse t̂ going backwards within one run of a trainable. Ray counts the results since
+        the last (re)start in ``iterations_since_restore``; a smaller t̂ after a restore (a
+        checkpoint, or a trainable restarted after a pause) is a rewind the history handles, but
+        a smaller t̂ in the same run means the trainable reports something else than the
+        training fraction, and would silently rewrite the curve the rungs are decided on."""
+        if isinstance(iteration, bool) or not isinstance(iteration, int):
+            return  # no Ray bookkeeping (a hand-driven scheduler): restores cannot be told apart
+        last = self.session.get(trial_id)
+        if last is not None and iteration > last[0] and t < last[1] - T_HAT_EPS:
+            raise SchedulerContractError(
+                f"CollapseScheduler: trial {trial_id}: {self.time_attr} went back from {last[1]:g} to {t:g} "
+                f"within one run of its trainable (result {iteration} since its last restore); report the "
+                "training fraction, which only grows (tokens seen / total tokens)")
+        self.session[trial_id] = (iteration, t)
+
+    def _controls(self, trial_id: str, merged: Mapping[str, Any]) -> Controls:
+        """A trial's controls from its result and config. Without ``tau`` or ``tokens_per_param``
+        no prediction can be made and every trial would silently be kept at every rung: a
+        contract error. A missing schedule or warmup takes the default, said once per sweep
+        (a cosine run read as linear is predicted with the wrong shape)."""
+        missing = [key for key in CONTROL_KEYS if merged.get(key) is None]
+        if missing:
+            raise SchedulerContractError(
+                f"CollapseScheduler: trial {trial_id}: neither its result nor its config has "
+                f"{' or '.join(repr(k) for k in missing)} (the run's controls: AdamW timescale τ = B/(η·λ·D) and "
+                "tokens per parameter D/N); report them in every result, or nothing can be predicted and no "
+                "trial stopped")
+        absent = [key for key in SCHEDULE_DEFAULTS if merged.get(key) is None
+                  and (key != "decay_fraction" or merged.get("schedule") == "wsd")]
+        if absent:
+            assumed = ", ".join(f"{key}={SCHEDULE_DEFAULTS[key]!r}" for key in absent)
+            if "schedule" in absent:
+                assumed += " (warmup, then linear decay to zero)"
+            self.warn_once("schedule-defaults", "CollapseScheduler: trial %s reports no %s: assuming %s for every "
+                           "trial that lacks them; a run with another schedule is then predicted with the wrong "
+                           "shape: report 'schedule' (one of %s) and 'warmup_fraction' in every result", trial_id,
+                           " or ".join(repr(key) for key in absent), assumed, ", ".join(SCHEDULE_NAMES))
+        try:
+            return Controls.from_mapping(merged)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SchedulerContractError(f"CollapseScheduler: trial {trial_id}: unusable controls: "
+                                         f"{str(exc).strip(chr(39))}") from None
+
+
+DECISION_MODES = ("sync", "async", "audit")
+
+
+def check_mode(mode: Optional[str]) -> None:
+    if mode == "max":
+        raise ValueError("mode: 'max' is not supported: CollapseScheduler predicts final losses, "
+                         "lower is better; report a loss and use mode='min'")
+    if mode not in (None, "min"):
+        raise ValueError(f"mode: must be 'min' or None, got {mode!r}")
+
+
+def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reduction_factor: float,
+                    decision_mode: str, min_points: int, margin: Any, margin_z: float,
+                    tolerance: Optional[float]) -> list[float]:
+    """``CollapseScheduler``'s arguments checked (a ValueError naming the first bad one); the
+    rung fractions as floats."""
+    if not callable(getattr(predictor, "predict_final", None)):
+        raise ValueError("predictor: must have a predict_final(t_hat, loss, controls) method")
+    check_mode(mode)
+    fractions = [float(r) for r in rungs]
+    if not fractions or any(not (0.0 < r <= 1.0) for r in fractions):
+        raise ValueError(f"rungs: give fractions in (0, 1], got {fractions}")
+    if any(b <= a for a, b in zip(fractions, fractions[1:])):
+        raise ValueError(f"rungs: must be strictly increasing, got {fractions}")
+    if not (float(reduction_factor) > 1.0 and math.isfinite(float(reduction_factor))):
+        raise ValueError(f"reduction_factor: must be > 1, got {reduction_factor!r}")
+    if decision_mode not in DECISION_MODES:
+        raise ValueError(f"decision_mode: must be one of {DECISION_MODES}, got {decision_mode!r}")
+    if int(min_points) < 1:
+        raise ValueError(f"min_points: must be >= 1, got {min_points!r}")
+    if margin != "calibrated" and not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
+                                       and math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin: must be 'calibrated' or a finite number >= 0, got {margin!r}")
+    if not (math.isfinite(float(margin_z)) and float(margin_z) >= 0):
+        raise ValueError(f"margin_z: must be a finite number >= 0, got {margin_z!r}")
+    if tolerance is not None and not (math.isfinite(float(tolerance)) and float(tolerance) >= 0):
+        raise ValueError(f"tolerance: must be a finite loss difference >= 0, got {tolerance!r}")
+    return fractions

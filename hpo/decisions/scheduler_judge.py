@@ -1,0 +1,128 @@
+"""The rules of :mod:`hpo.decisions.rules` applied at the rungs of one :class:`hpo.decisions.scheduler.CollapseScheduler`:
+a trial's prediction at a rung, the rung's margin for its trials, the keep rule over the
+trials waiting there (sync/audit) and the judgement of one arrival (async, or late). The
+verdicts are written into the records (:mod:`hpo.decisions.scheduler_records`); when to judge, and what
+Ray is told, is the scheduler's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from hpo.decisions import rules
+from hpo.decisions.scheduler_records import RungDecision, RungEntry, RungRecord, TrialRecord, TrialStatus
+
+logger = logging.getLogger("hpo.decisions.scheduler")
+
+
+@dataclass
+class RungJudge:
+    """The scheduler's settings that the rules need (see ``CollapseScheduler``'s arguments)."""
+
+    predictor: Any
+    rungs: Sequence[float]
+    reduction_factor: float
+    margin: Union[str, float]
+    margin_z: float
+    tolerance: Optional[float]
+    min_points: int
+    decision_mode: str
+    strict: bool = False  # tests: a failed prediction raises instead of keeping the trial
+
+    def settings(self) -> dict[str, Any]:
+        """These settings as the state file records them (in its order)."""
+        return {"rungs": list(self.rungs), "reduction_factor": self.reduction_factor, "margin": self.margin,
+                "margin_z": self.margin_z, "tolerance": self.tolerance, "decision_mode": self.decision_mode,
+                "min_points": self.min_points}
+
+    def is_last(self, r: int) -> bool:
+        return r == len(self.rungs) - 1
+
+    def margin_for(self, r: int, recs: Sequence[TrialRecord]) -> rules.Margin:
+        """The margin of rung ``r`` for these trials (:func:`hpo.decisions.rules.rung_margin`)."""
+        return rules.rung_margin(self.predictor, self.rungs[r], [rec.sweep_values for rec in recs],
+                                 [rec.controls for rec in recs if rec.controls is not None], margin=self.margin,
+                                 z=self.margin_z, tolerance=self.tolerance)
+
+    def margin_text(self, rung: RungRecord, trials: Mapping[str, TrialRecord], short: bool = False) -> str:
+        """The keep-margin of ``rung`` in words (the one it was decided with, else the one it
+        would get for ``trials``)."""
+        if rung.margin_source:
+            margin, words = rung.margin, rung.margin_source
+        else:
+            m = self.margin_for(rung.index, list(trials.values()))
+            margin, words = m.value, m.words
+        if short:
+            return f"{100 * margin:.2f}%"
+        return f"{100 * margin:.2f}% in log-final above the predicted best at t̂ = {rung.fraction:g} ({words})"
+
+    def entry(self, rec: TrialRecord, r: int) -> RungEntry:
+        """The trial's prediction at rung ``r`` (``hpo.decisions.rules.predict_at_rung``), as a waiting
+        entry; it becomes the trial's latest prediction."""
+        t, y = zip(*rec.history)
+        pred = rules.predict_at_rung(self.predictor, t, y, rec.controls, self.rungs[r], self.min_points)
+        if pred.why.startswith("predictor failed"):
+            logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, pred.why)
+            if self.strict:
+                raise RuntimeError(pred.why)
+        if pred.final_loss is not None:
+            rec.latest_prediction = {"rung": self.rungs[r], "train_fraction": pred.train_fraction,
+                                     "final_loss": pred.final_loss, "uncertainty": pred.uncertainty}
+        return RungEntry(trial_id=rec.trial_id, train_fraction=float(pred.train_fraction or t[-1]),
+                         smoothed_loss=pred.loss, n_points=pred.n_points,
+                         predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty,
+                         reason="" if pred.final_loss is not None else f"no prediction ({pred.why})")
+
+    def verdict(self, r: int, keep: bool, rec: TrialRecord) -> RungDecision:
+        return RungDecision.verdict(keep, audit=self.decision_mode == "audit", last=self.is_last(r),
+                                    completed=rec.status == TrialStatus.COMPLETED)
+
+    def judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord,
+                      trials: Mapping[str, TrialRecord], now: str, compute: float) -> bool:
+        """An arrival at a decided rung (or any, in async mode) against the predictions recorded
+        there (``hpo.decisions.rules.judge_arrival``), written into its entry and the rung; True if kept."""
+        r = rung.index
+        recorded = [e.candidate() for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
+        ids = [*(c.trial_id for c in recorded), rec.trial_id]
+        m = self.margin_for(r, [trials[t] for t in ids if t in trials])
+        keep, reason = rules.judge_arrival(recorded, entry.candidate(), last=self.is_last(r),
+                                           reduction_factor=self.reduction_factor, margin=m.value,
+                                           margin_words=m.words, weight=m.weight, tolerance=m.tolerance,
+                                           tolerance_loss=m.tolerance_loss)
+        entry.decision = self.verdict(r, keep, rec)
+        entry.reason = ("late arrival: " if self.decision_mode != "async" else "") + reason
+        entry.late, entry.decided_at, entry.compute_fraction = True, now, compute
+        rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
+                                                                         m.kind, m.weight)
+        if keep and rec.trial_id not in rung.survivors:
+            rung.survivors.append(rec.trial_id)
+        return keep
+
+    def decide(self, rung: RungRecord, participants: list[RungEntry], trials: Mapping[str, TrialRecord],
+               now: str, compute: float) -> list[TrialRecord]:
+        """The keep rule over the trials waiting at ``rung`` (``hpo.decisions.rules.decide``), written into
+        their entries and the rung; returns the trials to stop (audit: none, each marked
+        ``would_stop_at``; a finished trial is not stopped)."""
+        r = rung.index
+        m = self.margin_for(r, [trials[e.trial_id] for e in participants])
+        decision = rules.decide([e.candidate() for e in participants], m, last=self.is_last(r),
+                                reduction_factor=self.reduction_factor)
+        to_stop: list[TrialRecord] = []
+        kept = set(decision.kept)  # a membership test per participant: a set, not the list
+        for e in participants:
+            rec = trials[e.trial_id]
+            keep = e.trial_id in kept
+            e.decision = self.verdict(r, keep, rec)
+            reason = decision.reasons[e.trial_id]
+            if e.predicted_final_loss is None:
+                reason = f"{e.reason}; kept" if e.reason else reason
+            e.reason = reason + ("; already completed" if e.decision == RungDecision.COMPLETED else "")
+            e.decided_at, e.compute_fraction = now, compute
+            if not keep and self.decision_mode == "audit":
+                rec.would_stop_at = rung.fraction
+            elif not keep and rec.status != TrialStatus.COMPLETED:
+                to_stop.append(rec)
+        rung.record_decision(decision, m, participants, trials, now, compute)
+        return to_stop

@@ -1,0 +1,1 @@
+"""The service: the ``hpo`` command line, the sweep driver, and sweeps as Ray Jobs."""

@@ -1,0 +1,580 @@
+"""Run (or resume) a sweep: Ray Tune + CollapseScheduler + MLflow + report.
+
+``run_sweep(config)`` is what ``hpo sweep`` calls; ``resume_sweep(output_dir)`` is what
+``hpo resume`` calls. Both end by writing the report into ``<output>/report``.
+
+Order of work, so that bad input writes nothing: :func:`preflight_sweep` /
+:func:`preflight_resume` check everything that can be checked without writing (config,
+predictor file, output directory, tracking URI, a resumable Ray experiment) and import neither
+Ray nor MLflow; then Ray starts; only then are files and MLflow runs created.
+
+Resuming. Everything a resumed sweep writes is built from the directory being resumed: the
+scheduler (its state file), the MLflow tracker and the early answer are constructed anew for
+that directory and handed to ``tune.run(resume_config=...)``, which restores Ray's trials
+from the experiment state in ``<output>/ray/<name>``. (``Tuner.restore`` would instead unpickle
+the scheduler and callbacks built for the original directory, and a copied or moved sweep
+would go on writing there.) A default SQLite store moved with the folder has its artifact
+locations re-pointed (``hpo.tracking.runs.relocate_sqlite_store``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from hpo.common.output_lock import hold_folder
+from hpo.decisions.scheduler_records import TrialStatus
+from hpo.common.overrides import ConfigError, read_yaml
+from hpo.trials.sweep_config import SweepConfig, load_sweep_config
+from hpo.tracking.uri import (TrackingUriError, check_tracking_uri, is_relative_sqlite, strip_credentials,
+                              use_credentials)
+from predictors.io import atomic_write_bytes, atomic_write_text
+
+STATE_FILE = "scheduler_state.json"
+CONFIG_FILE = "sweep.yaml"
+PREDICTOR_FILE = "predictor.json"
+#: Set by ``hpo submit`` in the Ray Job's environment: the job id the parent run is tagged with.
+JOB_ID_ENV = "HPO_JOB_ID"
+#: Files whose presence means a directory already holds a sweep.
+SWEEP_MARKERS = (CONFIG_FILE, STATE_FILE, "mlflow_runs.json", "ray")
+
+
+def _search_space(config: SweepConfig) -> dict[str, Any]:
+    from ray import tune
+
+    space: dict[str, Any] = {}
+    for name, dim in config.search_space.items():
+        cast = int if name in ("batch_size", "seed") else float
+        if dim.grid is not None:
+            space[name] = tune.grid_search([cast(v) for v in dim.grid])
+        elif dim.choice is not None:
+            space[name] = tune.choice([cast(v) for v in dim.choice])
+        else:
+            low, high = dim.loguniform  # type: ignore[misc]
+            space[name] = tune.loguniform(low, high)
+    return space
+
+
+def _base_trainer(config: SweepConfig) -> dict[str, Any]:
+    """The trainer base config with paths made absolute (Ray changes trial working dirs)."""
+    base = config.base_trainer()
+    data = dict(base.get("data") or {})
+    corpus = data.get("corpus")
+    if corpus and corpus != "stdlib":
+        data["corpus"] = str(Path(corpus).resolve())
+        base["data"] = data
+    return base
+
+
+def experiment_dir(config: SweepConfig) -> Path:
+    """The Ray experiment folder of a sweep: ``<output>/ray/<name>``."""
+    return config.output_path() / "ray" / config.name
+
+
+def _trainable(config: SweepConfig) -> Any:
+    from ray import tune
+
+    from hpo.trials.trainable import CollapseTrainable
+
+    resources = {"cpu": config.resources.cpu, "gpu": config.resources.gpu}
+    return tune.with_resources(
+        tune.with_parameters(CollapseTrainable, base_trainer=_base_trainer(config),
+                             experiment_dir=str(experiment_dir(config))),
+        resources,
+    )
+
+
+def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or config.ray.address or os.environ.get("RAY_ADDRESS")
+    env = {"MLFLOW_TRACKING_URI": strip_credentials(tracking_uri)}
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False)
+    else:
+        # address="local": always a fresh local instance, never a cluster that happens to run here.
+        ray.init(address="local", num_cpus=config.ray.num_cpus or os.cpu_count(), include_dashboard=False,
+                 runtime_env={"env_vars": env}, log_to_driver=False)
+
+
+def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predictor: Any,
+                    resume: bool = False, on_decision: Any = None) -> Any:
+    """The sweep's CollapseScheduler on ``predictor`` (the sweep's copy, loaded once by
+    ``_execute`` and shared with the report); ``resume`` continues the decisions saved in
+    ``output`` (a sweep killed before its first state write has none yet, and starts afresh);
+    ``on_decision`` gets every rung decision the moment it is made (printed and published on MLflow)."""
+    from hpo.decisions.scheduler import CollapseScheduler
+
+    return CollapseScheduler(
+        predictor=predictor,
+        metric=config.scheduler.metric,
+        mode="min",
+        rungs=tuple(config.scheduler.rungs),
+        reduction_factor=config.scheduler.reduction_factor,
+        margin=config.scheduler.margin,
+        margin_z=config.scheduler.margin_z,
+        tolerance=config.scheduler.tolerance,
+        decision_mode=config.scheduler.mode,
+        state_path=output / STATE_FILE,
+        on_early_answer=early_answer,
+        on_decision=on_decision,
+        resume=resume and (output / STATE_FILE).exists(),
+    )
+
+
+# ----------------------------------------------------------------------------- checks (no writes)
+
+
+def check_predictor(path: Path, field: str = "predictor") -> None:
+    """Refuse a predictor path that is missing, a directory, or not a valid predictor file."""
+    if not path.exists():
+        raise ConfigError(f"{field}: {path}: no such file")
+    if path.is_dir():
+        raise ConfigError(f"{field}: {path}: is a directory, not a predictor JSON file")
+    from predictors import Predictor
+
+    try:
+        Predictor.load(path)
+    except (ValueError, OSError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        message = " ".join(str(exc).split())
+        raise ConfigError(f"{field}: {message if str(path) in message else f'{path}: {message}'}") from None
+
+
+def _check_tracking(config: SweepConfig) -> None:
+    uri = config.mlflow.tracking_uri
+    if uri:
+        try:
+            check_tracking_uri(uri, "mlflow.tracking_uri")
+        except TrackingUriError as exc:
+            raise ConfigError(str(exc)) from None
+        if is_relative_sqlite(uri):
+            # sweep.yaml keeps the URI as given: `hpo resume` (or Ray's workers) run from another
+            # directory would open another database.
+            raise ConfigError(f"mlflow.tracking_uri: {strip_credentials(uri)}: a relative database path depends "
+                              "on the directory each command runs from; give an absolute one, "
+                              "sqlite:////ABSOLUTE/PATH.db (or leave the URI out: the sweep's own store "
+                              "in its output folder)")
+
+
+def artifact_location(config: SweepConfig, output: Path) -> Optional[str]:
+    """Where a new MLflow experiment of the sweep keeps its artifacts: the output folder,
+    unless a tracking server decides. MLflow's default for a store the client opens itself
+    (SQLite, a database) is ./mlruns in whatever directory the driver runs from."""
+    uri = config.mlflow.tracking_uri or ""
+    if uri.lower().startswith(("http://", "https://", "databricks", "uc:")):
+        return None
+    return (output / "mlartifacts").as_uri()
+
+
+def _check_creatable(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"output_dir: {output} exists and is not a directory")
+    ancestor = output
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir: cannot create {output} ({ancestor} is not a writable directory)")
+
+
+def preflight_portable(config: SweepConfig) -> None:
+    """The checks of :func:`preflight_sweep` that hold on any machine: the predictor file loads
+    and the tracking URI works. ``hpo submit`` runs them (after the same ``load_sweep_config``)
+    on the client, before anything reaches the cluster; the output-directory checks run on the
+    cluster, where the directory is."""
+    check_predictor(config.predictor_path())
+    _check_tracking(config)
+
+
+def preflight_sweep(config: SweepConfig) -> Path:
+    """Every check of a new sweep that needs no write; returns the output directory."""
+    preflight_portable(config)
+    output = config.output_path()
+    _check_creatable(output)
+    held = [m for m in SWEEP_MARKERS if (output / m).exists()]
+    if held and not _started(config, output) and not _changed_fields(config, output):
+        return output  # an earlier start of this very sweep failed before Ray saved anything: start again
+    if held:
+        changed = _changed_fields(config, output)
+        if changed:
+            # `hpo resume` continues the sweep as it was configured; it would not apply these.
+            raise ConfigError(
+                f"output_dir: {output} already holds a sweep ({held[0]}) with another config (differs in "
+                f"{', '.join(changed[:6])}{' and more' if len(changed) > 6 else ''}); run this one into a new "
+                f"directory (--output DIR); `hpo resume {output}` would continue the old config unchanged")
+        raise ConfigError(f"output_dir: {output} already holds a sweep ({held[0]}); continue it with "
+                          f"`hpo resume {output}`, or start afresh into another directory (--output DIR)")
+    return output
+
+
+def _started(config: SweepConfig, output: Path) -> bool:
+    """Whether the sweep in ``output`` got far enough to be resumed (Ray saved its experiment
+    state, or the scheduler its decisions). A start that failed before that (Ray could not
+    start, the tracking store refused a write, ...) leaves a folder that ``hpo sweep`` may
+    start into again with the same config, never one that can be neither swept nor resumed."""
+    return (output / STATE_FILE).exists() or any(experiment_dir(config).glob("experiment_state-*.json"))
+
+
+def _changed_fields(config: SweepConfig, output: Path) -> list[str]:
+    """Dotted names of the config fields that differ from the sweep saved in ``output``
+    (paths that ``sweep.yaml`` stores resolved are left out); [] when they match or the saved
+    config cannot be read."""
+    try:
+        saved = read_yaml(str(output / CONFIG_FILE))
+    except Exception:  # noqa: BLE001 - no readable sweep.yaml: nothing to compare
+        return []
+    if not isinstance(saved, dict):
+        return []
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                out.update(flat(item, f"{prefix}{key}."))
+            return out
+        return {prefix[:-1]: value}
+
+    ignore = {"output_dir", "predictor", "mlflow.tracking_uri"}
+    new, old = flat(config.model_dump(mode="json")), flat(saved)
+    return sorted(k for k in set(new) | set(old) if k not in ignore and new.get(k) != old.get(k))
+
+
+def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
+    """Every check of ``hpo resume`` that needs no write.
+
+    Returns the config (its ``output_dir`` and ``predictor`` re-pointed at ``output_dir``:
+    a copied or moved sweep is resumed where it is now), the output directory, and the
+    directory the sweep was created in (from ``sweep.yaml``).
+    """
+    output = Path(output_dir).resolve()
+    if not output.exists():
+        raise ConfigError(f"{output_dir}: no such directory")
+    if not output.is_dir():
+        raise ConfigError(f"{output_dir}: not a directory")
+    config_path = output / CONFIG_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"{output}: not a sweep output directory (no {CONFIG_FILE})")
+    raw = read_yaml(str(config_path))
+    created_in = Path(str(raw.get("output_dir") or output))
+    raw.update(output_dir=str(output), predictor=str(output / PREDICTOR_FILE))
+    config = load_sweep_config(data=raw, source=str(config_path))
+    experiment = experiment_dir(config)
+    if not any(experiment.glob("experiment_state-*.json")):
+        raise ConfigError(f"{output}: nothing to resume: no Ray experiment state in {experiment} (the sweep "
+                          "ended before Ray saved any); start it again with `hpo sweep` (same config and "
+                          "output_dir), or into a new output_dir")
+    check_predictor(output / PREDICTOR_FILE)
+    if (output / STATE_FILE).exists():
+        from hpo.decisions.scheduler_state import SchedulerState
+
+        SchedulerState.load(output / STATE_FILE)  # a malformed state: StateFileError naming the file
+    _check_tracking(config)
+    return config, output, created_in
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+def resolved_config_text(config: SweepConfig, output: Path) -> str:
+    """``sweep.yaml``: the resolved config with absolute paths and no credentials."""
+    resolved = config.model_dump(mode="json")
+    # Absolute paths, so `hpo resume <output>` works from any working directory.
+    resolved["output_dir"] = str(output)
+    resolved["predictor"] = str(output / PREDICTOR_FILE)
+    if resolved["mlflow"].get("tracking_uri"):
+        resolved["mlflow"]["tracking_uri"] = strip_credentials(resolved["mlflow"]["tracking_uri"])
+    return yaml.safe_dump(resolved, sort_keys=False)
+
+
+def prepare_output(config: SweepConfig) -> Path:
+    """Create the output directory and write the resolved config and predictor copy.
+
+    Called only after :func:`preflight_sweep`, so a bad config writes nothing.
+    """
+    output = config.output_path()
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output / CONFIG_FILE, resolved_config_text(config, output))
+    atomic_write_bytes(output / PREDICTOR_FILE, config.predictor_path().read_bytes())
+    return output
+
+
+def _relocate(config: SweepConfig, output: Path, created_in: Path) -> None:
+    """A sweep resumed somewhere else than where it was created: point its own records here."""
+    from hpo.tracking.runs import relocate_sqlite_store
+
+    if created_in.resolve() == output:
+        return
+    if not config.mlflow.tracking_uri:  # the default store lives in (and moved with) the folder
+        relocate_sqlite_store(config.tracking_uri(), created_in, output)
+    atomic_write_text(output / CONFIG_FILE, resolved_config_text(config, output))
+
+
+def _state(output: Path) -> dict[str, Any]:
+    path = output / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def verdict_from_state(trial: dict[str, Any]) -> str:
+    """The MLflow status tag of a trial from its persisted scheduler record."""
+    from hpo.decisions.scheduler_records import verdict
+
+    return verdict(trial.get("status"), trial.get("stopped_at"))
+
+
+def diverged_trials(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scheduler records of trials that diverged, in trial order."""
+    trials = state.get("trials", {})
+    return [dict(t, trial_id=tid) for tid, t in sorted(trials.items(), key=lambda kv: kv[1].get("order", 0))
+            if t.get("status") == TrialStatus.DIVERGED or t.get("diverged_at") is not None]
+
+
+def _execute(config: SweepConfig, output: Path, address: Optional[str], restore: bool,
+             created_in: Optional[Path] = None) -> dict[str, Any]:
+    from ray import tune
+    from ray.tune import ResumeConfig
+
+    from hpo.decisions.early_answer import EarlyAnswer
+    from hpo.reporting.progress import RungAnnouncer, SlotUse, SweepProgress
+    from hpo.tracking.runs import JOB_TAG, MlflowSweepCallback, SweepTracker
+    from hpo.trials.trainable import short_trial_dirname
+    from predictors import Predictor
+
+    # Credentials of an http(s) URI go to MLflow's environment variables of this process;
+    # from here on only the stripped URI exists.
+    tracking_uri = use_credentials(config.tracking_uri())
+    # The sweep prints where its records are once, at start and in the summary; MLflow's own
+    # "View run ... at" line for every run it ends (an http server) would bury the rung lines.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # Every rung pauses its survivors with a checkpoint, and Ray forces an experiment snapshot
+    # after num_to_keep of them (so that a resume finds them): by design, several in a few
+    # seconds on short trials. Ray's "excessive sync" warning about it is noise here; its
+    # warning for a *slow* snapshot (TUNE_WARN_SLOW_..., 30 s) stays on.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    _init_ray(config, address, tracking_uri)
+    if restore:
+        _relocate(config, output, created_in or output)
+    else:
+        prepare_output(config)
+    artifacts = artifact_location(config, output)
+    tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
+                           artifact_location=artifacts)
+    params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
+              "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
+    with tracker.running(params):
+        job_id = os.environ.get(JOB_ID_ENV)
+        if job_id:  # submitted with `hpo submit`: clients find this run by the job id
+            tracker.tag_parent({JOB_TAG: job_id})
+        mlflow_where = mlflow_location(tracking_uri, config.mlflow.experiment, tracker.experiment_id())
+        print(mlflow_where["text"], flush=True)
+        early = EarlyAnswer(output, tracker)
+        # The predictor is read once here, from the sweep's own copy, for the scheduler and the
+        # report (preflight only checked that the user's file loads, before anything was written).
+        predictor = Predictor.load(output / PREDICTOR_FILE)
+        # Each rung decision is printed as it is made (before the early answer that follows
+        # from it) and published on the MLflow parent run for `hpo status` / `hpo answer`.
+        announcer = RungAnnouncer(publish=tracker.publish_decision)
+        scheduler = build_scheduler(config, output, early, predictor, resume=restore, on_decision=announcer)
+        if restore:
+            tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
+        progress = SweepProgress(scheduler, announcer=announcer)
+        slot_use = SlotUse(_trial_slots(config))
+        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
+        monitor_cbs, stopper = _monitor(config, predictor, tracker)
+        # In sync mode, paused trials count as live for max_concurrent_trials, which would
+        # starve the rung of trials; concurrency then comes from per-trial resources alone.
+        max_concurrent = config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None
+        analysis = tune.run(
+            _trainable(config),
+            name=config.name, storage_path=str(output / "ray"),
+            metric=config.scheduler.metric, mode="min",
+            config=_search_space(config), num_samples=config.num_samples,
+            scheduler=scheduler, max_concurrent_trials=max_concurrent,
+            trial_dirname_creator=short_trial_dirname, reuse_actors=True, verbose=0,
+            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs], stop=stopper,
+            # No checkpoint at end: the trainable writes its own final checkpoint before its
+            # last result leaves the worker (hpo.trials.trainable).
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=25,
+                                                    checkpoint_at_end=False),
+            max_failures=1, raise_on_failed_trial=False,
+            resume_config=(ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME,
+                                        errored=ResumeConfig.ResumeType.RESUME) if restore else None),
+        )
+        outcome = _close(output, analysis, scheduler, tracker, predictor)
+    return {"output": str(output), **outcome, "slot_use": slot_use.utilisation(), "mlflow": mlflow_where}
+
+
+def _monitor(config: SweepConfig, predictor: Any, tracker: Any) -> tuple[list, Any]:
+    """The collapse-residual monitor's Ray Tune callback and stopper (none when it is off): its own
+    callback and stopper, so the scheduler is not told."""
+    if not config.monitor.enabled:
+        return [], None
+    from hpo.monitor.live import MonitorCallback, MonitorStopper, TrialMonitor
+
+    trial_monitor = TrialMonitor(predictor)
+    callbacks = [MonitorCallback(trial_monitor, tracker, stop_on_alarm=config.monitor.stop_on_alarm)]
+    return callbacks, MonitorStopper(trial_monitor, config.monitor.stop_on_alarm)
+
+
+def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor: Any) -> dict[str, Any]:
+    """After Ray Tune returns: the report, the final MLflow records, and how the sweep ended
+    (errors, diverged trials, interrupted)."""
+    from ray.tune import ResultGrid
+
+    from hpo.decisions.scheduler_state import TERMINAL_STATUSES
+    from hpo.reporting.report import write_report
+
+    errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
+    report = write_report(output, predictor=predictor)
+    with contextlib.suppress(Exception):  # the final counts for `hpo status`; never lose the report
+        tracker.publish_progress(scheduler.progress(), scheduler.compute_fraction())
+    state = _state(output)
+    # Ctrl-C: Ray Tune saves and ends the run, and may mark the unfinished trials TERMINATED;
+    # a trial the scheduler has neither finished, stopped nor seen fail tells it apart.
+    interrupted = (any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+                   or any(t.get("status") not in TERMINAL_STATUSES for t in state.get("trials", {}).values()))
+    for trial_id, trial in state.get("trials", {}).items():
+        try:
+            tracker.close_child(trial_id, verdict_from_state(trial),
+                                "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
+        except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
+            pass
+    tracker.log_parent_artifacts([output / "report", output / STATE_FILE,
+                                  output / "predicted_best.json", output / CONFIG_FILE])
+    diverged = diverged_trials(state)
+    all_diverged = bool(state.get("trials")) and len(diverged) == len(state["trials"])
+    tracker.finish_parent("KILLED" if interrupted else "FAILED" if errors or all_diverged else "FINISHED")
+    return {"report": report, "errors": errors, "diverged": diverged, "all_diverged": all_diverged,
+            "interrupted": interrupted}
+
+
+def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> dict[str, str]:
+    """Where the sweep's MLflow records are and how to browse them (credentials stripped):
+    what ``mlflow ui`` and ``hpo calibrate --from-mlflow`` need."""
+    uri = strip_credentials(tracking_uri)
+    browse = (f"mlflow ui --backend-store-uri {uri}" if not uri.startswith(("http://", "https://"))
+              else f"open {uri}")
+    return {"tracking_uri": uri, "experiment": experiment, "experiment_id": experiment_id,
+            "text": f"MLflow: {uri}, experiment '{experiment}' (id {experiment_id}); browse: {browse}; "
+                    f"reuse these curves: hpo calibrate --from-mlflow {experiment_id} --tracking-uri {uri}"}
+
+
+def _trial_slots(config: SweepConfig) -> int:
+    """How many trials the Ray cluster can run at once with the sweep's per-trial resources."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    slots = int(cpus // max(config.resources.cpu, 1e-9)) or 1
+    if config.ray.max_concurrent_trials and config.scheduler.mode != "sync":
+        slots = min(slots, config.ray.max_concurrent_trials)
+    return slots
+
+
+def _trial_extremes(config: SweepConfig) -> list[dict[str, Any]]:
+    """The trainer configs of the search space's corners (what ``load_sweep_config`` validated)."""
+    import itertools
+
+    from hpo.trials.sweep_config import INTEGER_KEYS
+
+    names = list(config.search_space)
+    out = []
+    for values in itertools.product(*(config.search_space[n].extremes() for n in names)):
+        out.append(config.trial_trainer({n: (int(v) if n in INTEGER_KEYS else v) for n, v in zip(names, values)}))
+    return out
+
+
+def check_data(config: SweepConfig) -> Optional[str]:
+    """The trials' corpus: a token dataset must fit ``model.vocab_size`` (one clear line if
+    not). Returns the sweep's one repeated-data warning line when its longest trial reads
+    the training split more than once, else None (the trials themselves stay quiet)."""
+    from trainers.config import TrainConfig, run_controls
+    from trainers.corpus import DataError, check_vocabulary, fingerprint, token_dataset_dir, training_tokens
+
+    base = _base_trainer(config)
+    trial = TrainConfig.model_validate(base)
+    try:
+        directory = token_dataset_dir(trial.data.corpus)
+        if directory is not None:
+            cache = Path(trial.data.cache_dir).expanduser() if trial.data.cache_dir else None
+            check_vocabulary(directory, fingerprint(directory, trial.data.token_dtype, cache), trial.model.vocab_size)
+        elif trial.model.vocab_size != 256:
+            raise DataError(f"model.vocab_size: {trial.model.vocab_size} needs a token dataset, but "
+                            f"data.corpus {trial.data.corpus!r} is read as bytes (V = 256)")
+        available = training_tokens(trial.data.model_dump())
+    except (DataError, OSError) as exc:
+        raise ConfigError(f"{config.name}: trainer.{exc}" if isinstance(exc, DataError) else
+                          f"{config.name}: trainer.data.corpus: {exc}") from None
+    longest = max(run_controls(TrainConfig.model_validate(t)).total_tokens for t in _trial_extremes(config))
+    from trainers.data import repeated_data_warning
+
+    return repeated_data_warning(longest, available, trial.data.corpus)
+
+
+def check_device(config: SweepConfig) -> None:
+    """A sweep that asks for GPUs (``resources.gpu`` > 0 or ``trainer.device: cuda``) and runs
+    on this machine's own Ray needs CUDA here: one clear line instead of trials that fail."""
+    wants = config.resources.gpu > 0 or config.trainer.get("device") == "cuda"
+    if not wants or config.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        asked = (f"resources.gpu: {config.resources.gpu:g}" if config.resources.gpu > 0
+                 else "trainer.device: cuda")
+        raise ConfigError(f"{config.name}: {asked} needs a CUDA GPU, but this machine has none "
+                          f"(torch {torch.__version__} sees no CUDA device)")
+
+
+#: Seconds a Ray cluster's address gets to accept a connection before a sweep starts
+#: (ray.init would otherwise retry for minutes without a word).
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_address(config: SweepConfig, address: Optional[str],
+                      timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """An explicit Ray address (``--address``, ``ray.address`` or ``RAY_ADDRESS``) must accept a
+    TCP connection within ``timeout_s``: one line naming it otherwise."""
+    import socket
+
+    field, value = next(((f, v) for f, v in (("--address", address), ("ray.address", config.ray.address),
+                                             ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))) if v), (None, None))
+    if not value or value in ("auto", "local"):
+        return
+    hostport = value.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{field}: {value!r} is not HOST:PORT (or ray://HOST:PORT, auto, local)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except socket.timeout:
+        raise ConfigError(f"{field}: {value}: Ray cluster unreachable (no answer within {timeout_s:g} s)") from None
+    except OSError as exc:
+        raise ConfigError(f"{field}: {value}: Ray cluster unreachable ({exc.strerror or exc})") from None
+
+
+def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, Any]:
+    """``hpo sweep``: checks, then the sweep under the output folder's lock (one driver per folder)."""
+    output = preflight_sweep(config)
+    check_ray_address(config, address)
+    if address is None:
+        check_device(config)
+    warning = check_data(config)
+    if warning:
+        print(f"{warning} in the longest trial of sweep {config.name}", flush=True)
+    with hold_folder(output, "hpo sweep"):
+        preflight_sweep(config)  # again under the lock: another driver may have used the folder meanwhile
+        return _execute(config, output, address, restore=False)
+
+
+def resume_sweep(output_dir: str | Path, address: Optional[str] = None) -> dict[str, Any]:
+    """``hpo resume``: checks, then the resumed sweep under the output folder's lock."""
+    config, output, created_in = preflight_resume(output_dir)
+    check_ray_address(config, address)
+    with hold_folder(output, "hpo resume"):
+        config, output, created_in = preflight_resume(output_dir)
+        return _execute(config, output, address, restore=True, created_in=created_in)

@@ -1,0 +1,468 @@
+"""MLflow records of a sweep: one parent run, one nested child run per trial.
+
+Logging happens on the Ray driver (a Tune ``Callback``), not inside the trial processes.
+Reasons: a single writer is what a SQLite store wants (concurrent trial processes writing
+one SQLite file hit lock errors), the driver is the only process that knows the scheduler's
+verdict (``stopped_at_<fraction>``, ``diverged``), and it works unchanged on a multi-node
+cluster where trial processes could not reach a local database. The tracking URI is made
+absolute (Ray changes each trial's working directory, which breaks relative URIs, ray
+#36257) and is also exported as ``MLFLOW_TRACKING_URI`` to trial processes for users'
+own trainables.
+
+One :class:`SweepTracker` per driver run owns every run id. Ids are persisted in
+``<output>/mlflow_runs.json`` (atomically, right after each run is created) and, because a
+driver can die between creating a run and saving its id, each child run also carries its
+``trial_id`` tag under the parent: before creating a child run the tracker looks for one, so
+``hpo resume`` never duplicates a run. On resume the parent is set RUNNING again, runs of
+trials that had finished but were left RUNNING by a killed driver are closed with their
+verdict, and any exception marks the parent (and the runs still open) FAILED
+(:meth:`SweepTracker.running`).
+
+Published state. The moment the scheduler decides a rung or announces the early answer, the
+tracker publishes it on the parent run (:meth:`SweepTracker.publish_decision`,
+:meth:`SweepTracker.publish_early_answer`): short tags for a glance in the MLflow UI and the
+whole record as a JSON artifact under ``collapse_hpo/``. A sweep submitted as a Ray Job tags
+its parent run with the job id (:data:`JOB_TAG`), so ``hpo status`` / ``hpo answer`` on any
+machine find it with the MLflow URI alone (:func:`find_job_run`, :func:`read_published`), no
+shared filesystem needed.
+
+The tracker keeps only a URI without credentials (``hpo.tracking.uri.use_credentials`` moved
+them into MLflow's own environment variables), so nothing it writes or pickles holds a
+password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from ray import tune
+
+from hpo.common.errors import InputError
+from hpo.decisions.scheduler_records import TERMINAL_STATUSES, TrialStatus
+from hpo.tracking.uri import sqlite_path, strip_credentials
+from predictors import run_keys
+from predictors.io import atomic_write_json, dumps
+
+# Result keys logged as step metrics, and the params logged once per trial.
+STEP_METRICS = ("loss", "train_loss", "val_loss", "lr", "train_fraction", "predicted_final_loss")
+TRIAL_PARAMS = run_keys.names(param=True)  # the table: predictors.run_keys
+IDS_FILE = "mlflow_runs.json"
+#: Parent-run tag holding the Ray Job id of a sweep submitted with ``hpo submit``.
+JOB_TAG = "collapse_hpo.job_id"
+#: Parent-run tags and artifacts of the published state (see the module docstring).
+PROGRESS_TAG = "collapse_hpo.progress"
+RUNGS_DECIDED_TAG = "collapse_hpo.rungs_decided"
+EARLY_ANSWER_TAG = "collapse_hpo.early_answer"
+STOP_TAG = "collapse_hpo.stopped"
+PUBLISHED_DIR = "collapse_hpo"
+EARLY_ANSWER_ARTIFACT = f"{PUBLISHED_DIR}/early_answer.json"
+PROGRESS_ARTIFACT = f"{PUBLISHED_DIR}/progress.json"
+
+
+#: The ids this package puts into MLflow search filters (Ray job, trial and MLflow run ids).
+#: MLflow's filter grammar has no escape for a quote, so a value is checked, never escaped.
+_FILTER_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,255}")
+
+
+def filter_value(value: Any, field: str) -> str:
+    """``value`` quoted for an MLflow filter string, if it is a plain id; an
+    :class:`~hpo.common.errors.InputError` naming ``field`` otherwise (a quote would splice the rest
+    of it into the filter, and could select another job's runs).
+
+    >>> filter_value("raysubmit_8Gk2", "JOB")
+    "'raysubmit_8Gk2'"
+    """
+    text = str(value)
+    if not _FILTER_VALUE.fullmatch(text):
+        raise InputError(f"{field}: {text[:80]!r} is not a valid id (letters, digits and _ . : @ + -, "
+                         "starting with a letter or digit, at most 256 characters)")
+    return f"'{text}'"
+
+
+def decision_artifact(rung: int) -> str:
+    """The artifact path of the published decision at rung index ``rung``."""
+    return f"{PUBLISHED_DIR}/rung_{rung}.json"
+#: Scheduler statuses of a trial that will not train again.
+FINISHED_STATUSES = TERMINAL_STATUSES
+
+
+def absolute_tracking_uri(uri: str) -> str:
+    """Make ``sqlite:///relative.db`` and plain paths absolute; leave servers alone."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if "://" not in uri:
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def relocate_sqlite_store(uri: str, old_root: Path, new_root: Path) -> int:
+    """Re-point the artifact locations of a SQLite store that moved with its sweep folder.
+
+    MLflow stores absolute artifact URIs (``file:///<old output>/mlartifacts/...``) in the
+    database; after a sweep folder is copied or moved, its runs would keep logging artifacts
+    into the old folder. Rewrites those under ``old_root`` to ``new_root`` in the
+    ``experiments`` and ``runs`` tables; returns how many rows changed. Other stores are left
+    alone (a server's artifacts do not live in the sweep folder).
+    """
+    path = sqlite_path(uri) if uri.startswith("sqlite:") else None
+    if path is None or not path.exists() or old_root == new_root:
+        return 0
+    old, new = old_root.as_uri(), new_root.as_uri()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        changed = 0
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            cursor = db.execute(
+                f"UPDATE {table} SET {column} = ? || substr({column}, ?) "  # noqa: S608 - fixed names
+                f"WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'",
+                (new, len(old) + 1, old, old.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
+            )
+            changed += cursor.rowcount
+    return changed
+
+
+class SweepTracker:
+    """Owns the parent run and the trial → child-run mapping (persisted to JSON)."""
+
+    def __init__(self, tracking_uri: str, experiment: str, output_dir: Path, sweep_name: str,
+                 artifact_location: Optional[str] = None) -> None:
+        self.tracking_uri = strip_credentials(absolute_tracking_uri(tracking_uri))
+        # Where a newly created experiment stores artifacts. MLflow's default is ./mlruns
+        # relative to the working directory, which would scatter artifacts; with the default
+        # SQLite store we keep them beside it in the output directory.
+        self.artifact_location = artifact_location
+        self.experiment = experiment
+        self.output_dir = Path(output_dir)
+        self.sweep_name = sweep_name
+        self._client: Any = None
+        self._ids_path = self.output_dir / IDS_FILE
+        self._ids: dict[str, Any] = {"parent": None, "trials": {}}
+        self._experiment_id: Optional[str] = None
+        self._reopened: set[str] = set()  # child runs set RUNNING again in this driver run
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None  # clients hold connections; rebuilt lazily after unpickling
+        return state
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            if self._ids_path.exists():
+                self._ids = json.loads(self._ids_path.read_text())
+        return self._client
+
+    def _save_ids(self) -> None:
+        atomic_write_json(self._ids_path, self._ids, indent=1)
+
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            existing = self.client.get_experiment_by_name(self.experiment)
+            self._experiment_id = (existing.experiment_id if existing is not None else
+                                   self.client.create_experiment(self.experiment,
+                                                                 artifact_location=self.artifact_location))
+        return self._experiment_id
+
+    # ------------------------------------------------------------------ parent
+
+    def parent_run_id(self, params: Optional[dict[str, Any]] = None) -> str:
+        """The sweep's parent run, created on first use and reused on resume."""
+        client = self.client
+        if self._ids.get("parent") is None:
+            run = client.create_run(self.experiment_id(), run_name=self.sweep_name,
+                                    tags={"collapse_hpo.kind": "sweep"})
+            self._ids["parent"] = run.info.run_id
+            self._save_ids()
+            for key, value in (params or {}).items():
+                client.log_param(run.info.run_id, key, _param_value(value))
+        return self._ids["parent"]
+
+    def start(self, params: Optional[dict[str, Any]] = None) -> str:
+        """Create the parent run, or (resume) set the existing one RUNNING again."""
+        client = self.client  # first use loads the saved ids
+        existed = self._ids.get("parent") is not None
+        parent = self.parent_run_id(params)
+        if existed and client.get_run(parent).info.status != "RUNNING":
+            client.update_run(parent, status="RUNNING")
+        return parent
+
+    @contextlib.contextmanager
+    def running(self, params: Optional[dict[str, Any]] = None) -> Iterator[str]:
+        """``with tracker.running(): ...`` — the parent is RUNNING inside; any exception
+        (Ctrl-C included) marks it and every child run still RUNNING FAILED, then re-raises.
+        A normal exit leaves closing to :meth:`finish_parent`."""
+        parent = self.start(params)
+        try:
+            yield parent
+        except BaseException:
+            with contextlib.suppress(Exception):  # the original error matters more
+                self.close_open_children("FAILED")
+                self.finish_parent("FAILED")
+            raise
+
+    def tag_parent(self, tags: dict[str, Any]) -> None:
+        """Set ``tags`` on the parent run in one request (non-strings as JSON)."""
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.parent_run_id(), tags=[RunTag(k, _param_value(v)) for k, v in tags.items()])
+
+    def log_parent_artifacts(self, paths: list[Path]) -> None:
+        parent = self.parent_run_id()
+        for path in paths:
+            if path.is_dir():
+                self.client.log_artifacts(parent, str(path), artifact_path=path.name)
+            elif path.exists():
+                self.client.log_artifact(parent, str(path))
+
+    # ------------------------------------------------------------------ published state
+
+    def publish_decision(self, decision: dict[str, Any]) -> None:
+        """A rung decision (``CollapseScheduler(on_decision=...)``'s payload) on the parent run:
+        the decision as ``collapse_hpo/rung_<i>.json``, the progress it carries as tags and as
+        ``collapse_hpo/progress.json``."""
+        parent = self.parent_run_id()
+        rung = int(decision["rung"])
+        self.client.log_text(parent, dumps(decision, indent=1), decision_artifact(rung))
+        self.publish_progress(decision.get("progress") or [], decision.get("compute_fraction"),
+                              rungs_decided=rung + 1)
+
+    def publish_progress(self, progress: list[dict[str, Any]], compute_fraction: Optional[float],
+                         rungs_decided: Optional[int] = None) -> None:
+        """Per-rung trial counts (``CollapseScheduler.progress``) and the compute used so far
+        (the tag is cut at MLflow's length limit: readers then take the artifact)."""
+        record = {"progress": progress, "compute_fraction": compute_fraction, "published_at": time.time()}
+        self.client.log_text(self.parent_run_id(), dumps(record, indent=1), PROGRESS_ARTIFACT)
+        tags: dict[str, Any] = {PROGRESS_TAG: dumps(record, indent=None)}
+        if rungs_decided is not None:
+            tags[RUNGS_DECIDED_TAG] = str(rungs_decided)
+        self.tag_parent(tags)
+
+    def publish_early_answer(self, answer: dict[str, Any]) -> None:
+        """The early answer (the content of ``predicted_best.json``) on the parent run: the
+        whole answer as ``collapse_hpo/early_answer.json``, its main fields as tags."""
+        parent = self.parent_run_id()
+        self.client.log_text(parent, dumps(answer, indent=1), EARLY_ANSWER_ARTIFACT)
+        self.tag_parent({
+            "predicted_best.trial_id": answer.get("trial_id"),
+            "predicted_best.config": answer.get("config"),
+            "predicted_best.final_loss": answer.get("predicted_final_loss"),
+            "predicted_best.uncertainty": answer.get("uncertainty"),
+            "predicted_best.probability_best": answer.get("probability_best"),
+            "predicted_best.rung": answer.get("rung"),
+            "predicted_best.compute_fraction": answer.get("compute_fraction"),
+            "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
+            "predicted_best.kept": answer.get("kept"),
+            # After the artifact: its presence tells a client that the artifact is complete.
+            EARLY_ANSWER_TAG: "1",
+        })
+
+    def finish_parent(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.parent_run_id(), status=status)
+
+    # ------------------------------------------------------------------ children
+
+    def _find_child(self, trial_id: str) -> Optional[str]:
+        """A child run of this parent already tagged with ``trial_id`` (oldest first)."""
+        runs = self.client.search_runs(
+            [self.experiment_id()],
+            filter_string=(f"tags.trial_id = {filter_value(trial_id, 'trial id')} and "
+                           f"tags.`mlflow.parentRunId` = {filter_value(self.parent_run_id(), 'parent run id')}"),
+            order_by=["attributes.start_time ASC"], max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
+
+    def child_run_id(self, trial_id: str, trial_name: str) -> str:
+        client = self.client
+        run_id = self._ids["trials"].get(trial_id) or self._find_child(trial_id)
+        if run_id is None:
+            run = client.create_run(
+                self.experiment_id(), run_name=trial_name,
+                tags={"mlflow.parentRunId": self.parent_run_id(), "trial_id": trial_id,
+                      "status": str(TrialStatus.RUNNING)},
+            )
+            run_id = run.info.run_id
+        if self._ids["trials"].get(trial_id) != run_id:
+            self._ids["trials"][trial_id] = run_id
+            self._save_ids()
+        return run_id
+
+    def reopen_child(self, trial_id: str, trial_name: str) -> str:
+        """The trial's child run, set RUNNING again if an earlier driver run closed it."""
+        run_id = self.child_run_id(trial_id, trial_name)
+        if run_id not in self._reopened:
+            self._reopened.add(run_id)
+            if self.client.get_run(run_id).info.status != "RUNNING":
+                self.client.update_run(run_id, status="RUNNING")
+        return run_id
+
+    def close_child(self, trial_id: str, verdict: str, status: str = "FINISHED") -> None:
+        run_id = self.child_run_id(trial_id, trial_id)
+        self.client.set_tag(run_id, "status", verdict)
+        self.client.set_terminated(run_id, status=status)
+
+    def close_finished(self, trials: dict[str, dict[str, Any]], verdict: Callable[[dict[str, Any]], str]) -> int:
+        """Close the child runs a killed driver left RUNNING although their trials had
+        finished (``trials``: the scheduler state's records). Returns how many were closed."""
+        closed = 0
+        for trial_id, run_id in list(self._ids["trials"].items()):
+            record = trials.get(trial_id)
+            if record is None or record.get("status") not in FINISHED_STATUSES:
+                continue
+            if self.client.get_run(run_id).info.status == "RUNNING":
+                self.close_child(trial_id, verdict(record), "FAILED" if record.get("status") == TrialStatus.ERROR else "FINISHED")
+                closed += 1
+        return closed
+
+    def close_open_children(self, status: str) -> None:
+        for run_id in self._ids["trials"].values():
+            if self.client.get_run(run_id).info.status == "RUNNING":
+                self.client.set_terminated(run_id, status=status)
+
+
+# ----------------------------------------------------------------------------- readers (clients)
+
+
+def find_job_run(client: Any, experiment: str, job_id: str) -> Optional[Any]:
+    """The parent run of the sweep submitted as Ray Job ``job_id`` (None if it has none yet)."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`{JOB_TAG}` = {filter_value(job_id, 'JOB')}",
+                              order_by=["attributes.start_time ASC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def _read_artifact(client: Any, run_id: str, path: str) -> Optional[Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(run_id, path, tmp)
+        except Exception:  # noqa: BLE001 - not published (yet): MLflow raises several kinds
+            return None
+        return json.loads(Path(local).read_text())
+
+
+def read_published(client: Any, run: Any) -> dict[str, Any]:
+    """What a sweep published on its parent run ``run``: ``status`` (the run's), ``progress``
+    (per-rung counts and compute, or None before the first decision), ``rungs_decided``,
+    ``early_answer`` (the content of ``predicted_best.json``, or None) and ``stopped``."""
+    tags = run.data.tags
+    progress = None
+    if PROGRESS_TAG in tags:
+        try:
+            progress = json.loads(tags[PROGRESS_TAG])
+        except ValueError:  # cut at the tag length limit: the artifact has it whole
+            progress = _read_artifact(client, run.info.run_id, PROGRESS_ARTIFACT)
+    answer = _read_artifact(client, run.info.run_id, EARLY_ANSWER_ARTIFACT) if tags.get(EARLY_ANSWER_TAG) else None
+    return {"run_id": run.info.run_id, "status": run.info.status, "progress": progress,
+            "rungs_decided": int(tags.get(RUNGS_DECIDED_TAG, 0)), "early_answer": answer,
+            "stopped": json.loads(tags[STOP_TAG]) if STOP_TAG in tags else None}
+
+
+def record_stop(client: Any, parent_run_id: str, stop: dict[str, Any]) -> int:
+    """``hpo stop``: the parent run and every child run still RUNNING end KILLED, and the stop
+    (who, when, which job) is tagged on the parent. Returns how many runs were ended."""
+    run = client.get_run(parent_run_id)
+    children = client.search_runs([run.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = {filter_value(parent_run_id, 'run id')}",
+                                  max_results=5000)
+    client.set_tag(parent_run_id, STOP_TAG, json.dumps(stop))
+    ended = 0
+    for child in children:
+        # Open at the stop: still RUNNING (a driver killed outright), or marked FAILED by the
+        # driver's own teardown on Ray's SIGTERM while its trial still trained (its status tag
+        # still "running"; a trial that really failed carries "error", a finished one its verdict).
+        if child.info.status in ("RUNNING", "SCHEDULED") or (
+                child.info.status == "FAILED" and child.data.tags.get("status") == TrialStatus.RUNNING):
+            client.set_tag(child.info.run_id, "status", "killed")
+            client.set_terminated(child.info.run_id, status="KILLED")
+            ended += 1
+    # The parent is KILLED whatever the dying driver wrote last (it may have marked it FAILED).
+    client.set_terminated(parent_run_id, status="KILLED")
+    return ended + 1
+
+
+def _param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text[:6000]
+
+
+class MlflowSweepCallback(tune.Callback):
+    """Tune callback writing each trial's params, step metrics and final status tag.
+
+    Args:
+        tracker: the sweep's :class:`SweepTracker`.
+        trial_status: maps a trial id to its verdict (``completed``,
+            ``stopped_at_<fraction>``, ``diverged``), normally the scheduler's view.
+        predicted_final: maps a trial id to its latest predicted final loss, or None.
+    """
+
+    def __init__(self, tracker: SweepTracker, trial_status: Callable[[str], str],
+                 predicted_final: Callable[[str], Optional[float]] = lambda _: None) -> None:
+        self.tracker = tracker
+        self.trial_status = trial_status
+        self.predicted_final = predicted_final
+        self._params_logged: set[str] = set()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        from mlflow.entities import Metric, Param
+
+        run_id = self.tracker.reopen_child(trial.trial_id, str(trial))
+        client = self.tracker.client
+        if trial.trial_id not in self._params_logged:
+            params = [Param(k, _param_value(result[k])) for k in TRIAL_PARAMS if k in result]
+            # The searched keys under the names the sweep YAML and the report use (``lr``, …),
+            # so filtering the MLflow UI by them works; the trainer's names (``eta``) stay too.
+            named = {p.key for p in params}
+            params += [Param(str(k), _param_value(v)) for k, v in (trial.config or {}).items()
+                       if not str(k).startswith("_") and str(k) not in named]
+            existing = client.get_run(run_id).data.params
+            params = [p for p in params if p.key not in existing]
+            if params:
+                client.log_batch(run_id, params=params)
+            self._params_logged.add(trial.trial_id)
+        if result.get("replayed"):
+            return  # the last result of a trial that had finished before a resume: logged then
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        now = int(time.time() * 1000)
+        values = dict(result)
+        predicted = self.predicted_final(trial.trial_id)
+        if predicted is not None:
+            values["predicted_final_loss"] = predicted
+        metrics = []
+        for key in STEP_METRICS:
+            value = values.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(float(value)):
+                metrics.append(Metric(key, float(value), now, step))
+        if metrics:
+            client.log_batch(run_id, metrics=metrics)
+
+    def _close(self, trial: Any, failed: bool) -> None:
+        status = TrialStatus.ERROR if failed else self.trial_status(trial.trial_id)
+        last = getattr(trial, "last_result", None) or {}
+        final = last.get("smoothed_loss")
+        if (status == TrialStatus.COMPLETED and isinstance(final, (int, float)) and math.isfinite(float(final))
+                and float(last.get("train_fraction", 0.0)) >= 1.0 - 1e-9):
+            # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.
+            from mlflow.entities import Metric
+
+            run_id = self.tracker.child_run_id(trial.trial_id, str(trial))
+            self.tracker.client.log_batch(run_id, metrics=[
+                Metric("final_loss", float(final), int(time.time() * 1000), int(last.get("step", 0)))])
+        self.tracker.close_child(trial.trial_id, status, "FAILED" if failed else "FINISHED")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._close(trial, failed=False)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._close(trial, failed=True)

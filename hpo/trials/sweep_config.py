@@ -1,0 +1,321 @@
+"""The sweep config: what to train, what to search, how to stop, where to record.
+
+A sweep is a base trainer config (``trainer:``, a ``TrainConfig``) plus a search space over
+``lr``, ``batch_size`` and one of ``weight_decay`` or ``tau`` (optionally ``seed``).
+The control held fixed is τ by default: every trial derives its own λ = B/(η·τ·D), so the
+normalised curves of the sweep share one shape and can be compared early (paper §5).
+``trainer.tau: power_lines`` sets τ = 1.084·TPP^−0.527, the Power Lines fit (a THIRD-PARTY
+number, see ``predictors.equations.power_lines_tau``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpo.common.overrides import (
+    ConfigError,
+    apply_overrides,
+    check_finite,
+    check_safe_name,
+    format_validation_error,
+    read_yaml,
+)
+from hpo.decisions.rules import DEFAULT_MARGIN_Z
+from predictors.equations import power_lines_tau
+from trainers.config import TrainConfig
+
+SEARCHABLE = ("lr", "batch_size", "weight_decay", "tau", "seed")
+#: Searched keys whose values must be whole numbers (a seed of 0.5 is not a seed).
+INTEGER_KEYS = ("batch_size", "seed")
+
+
+def merge_trial(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A trial's trainer config: ``base`` with the searched values applied.
+
+    Searching ``weight_decay`` releases a fixed τ (τ then follows λ); searching ``tau``
+    replaces a fixed λ. Integer fields arrive as floats from some search spaces.
+    """
+    merged = copy.deepcopy(base)
+    if "weight_decay" in overrides:
+        merged.pop("tau", None)
+    if "tau" in overrides:
+        merged.pop("weight_decay", None)
+    merged.update({k: v for k, v in overrides.items() if not str(k).startswith("_")})
+    for key in INTEGER_KEYS:
+        # Only whole floats (2048.0) become ints; 0.5 stays 0.5 so that validation refuses it
+        # instead of training seed 0.
+        value = merged.get(key)
+        if isinstance(value, float) and value.is_integer():
+            merged[key] = int(value)
+    return merged
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Dimension(_Strict):
+    """One searched hyperparameter: exactly one of ``grid``, ``choice`` or ``loguniform``."""
+
+    grid: Optional[list[float]] = None
+    choice: Optional[list[float]] = None
+    loguniform: Optional[tuple[float, float]] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Dimension":
+        given = [k for k in ("grid", "choice", "loguniform") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of grid, choice, loguniform")
+        values = self.grid if self.grid is not None else self.choice
+        if values is not None and len(values) == 0:
+            raise ValueError(f"{given[0]} must list at least one value")
+        if self.loguniform is not None:
+            low, high = self.loguniform
+            if not (0 < low < high) or not math.isfinite(high):
+                raise ValueError("loguniform needs 0 < low < high")
+        return self
+
+    def extremes(self) -> list[float]:
+        """The values to validate against the trainer config before anything runs."""
+        return list(self.grid or self.choice or self.loguniform or [])
+
+
+class SchedulerSettings(_Strict):
+    """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
+
+    mode: Literal["sync", "async", "audit"] = "sync"
+    rungs: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3])
+    reduction_factor: float = 2.0
+    # "calibrated" (default): keep every trial whose predicted log-final is within margin_z
+    # times the predictor's ranking scale (for this kind of sweep, at the rung) of the
+    # predicted best; a number: a fixed margin in log units (0.02 ≈ 2%) at every rung.
+    # See hpo.decisions.rules and hpo.decisions.scheduler.CollapseScheduler.
+    margin: Union[str, float] = "calibrated"
+    margin_z: float = DEFAULT_MARGIN_Z  # hpo.decisions.rules says how it was chosen
+    # How close two final losses must be to count as the same result, in loss units (None:
+    # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
+    # the top ceil(n/rf) only if it could still end better than the best by more than this.
+    tolerance: Optional[float] = Field(None, ge=0)
+    metric: str = "loss"
+
+    @field_validator("rungs")
+    @classmethod
+    def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
+        if not rungs:
+            raise ValueError("list at least one decision fraction")
+        if any(not (0.0 < r < 1.0) for r in rungs):
+            raise ValueError("every rung must lie in (0, 1)")
+        if sorted(set(rungs)) != list(rungs):
+            raise ValueError("rungs must be strictly increasing")
+        return rungs
+
+    @field_validator("reduction_factor")
+    @classmethod
+    def _rf(cls, value: float) -> float:
+        if not value > 1.0:
+            raise ValueError("must be > 1")
+        return value
+
+    @field_validator("margin", mode="before")
+    @classmethod
+    def _margin(cls, value: Any) -> Any:
+        if value == "calibrated":
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return float(value)
+        raise ValueError(f"must be 'calibrated' or a finite number >= 0 (a log margin, 0.02 ≈ 2%), got {value!r}")
+
+    @field_validator("margin_z")
+    @classmethod
+    def _margin_z(cls, value: float) -> float:
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ValueError("must be a finite number >= 0")
+        return value
+
+
+class Resources(_Strict):
+    cpu: float = 1.0
+    gpu: float = 0.0
+
+    @field_validator("cpu", "gpu")
+    @classmethod
+    def _non_negative(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+
+class RaySettings(_Strict):
+    address: Optional[str] = None
+    num_cpus: Optional[int] = None
+    max_concurrent_trials: Optional[int] = None
+
+    @field_validator("num_cpus", "max_concurrent_trials")
+    @classmethod
+    def _at_least_one(cls, value: Optional[int]) -> Optional[int]:
+        if value is not None and value < 1:
+            raise ValueError("must be >= 1 (or null)")
+        return value
+
+
+class MlflowSettings(_Strict):
+    tracking_uri: Optional[str] = None  # default: sqlite:///<output>/mlflow.db (absolute)
+    experiment: str = "collapse-hpo"
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _not_blank(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.strip():
+            raise ValueError("must be a URI or null (the default store in the output directory)")
+        return value
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class MonitorSettings(_Strict):
+    """The collapse-residual monitor in a sweep (``hpo.monitor.live``): every trial's residual
+    is logged and an alarm printed and tagged; ``stop_on_alarm`` also stops the trial."""
+
+    enabled: bool = True
+    stop_on_alarm: bool = False
+
+
+class Limits(_Strict):
+    """Bounds checked before anything starts; raise them to run beyond (``--set
+    limits.max_trials=20000``). The scheduler is measured up to 10,000 trials
+    (``benchmarks/scheduler_cost.py``); a TPP of 1e12 would train for ever."""
+
+    max_trials: int = Field(10_000, ge=1)
+    max_tokens_per_param: float = Field(10_000.0, gt=0)
+
+
+class SweepConfig(_Strict):
+    """A whole sweep, validated. Every error names its field."""
+
+    name: str = "sweep"
+    output_dir: Optional[str] = None  # default: runs/<name>
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, Dimension] = Field(default_factory=dict)
+    num_samples: int = 1
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    predictor: Optional[str] = None  # default: the shipped predictor (hpo.data.DEFAULT_PREDICTOR)
+    resources: Resources = Field(default_factory=Resources)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        # The name is a directory under <output>/ray: '../x' would put the Ray experiment
+        # (tuner.pkl, checkpoints) outside the output directory.
+        return check_safe_name(value)
+
+    @field_validator("search_space")
+    @classmethod
+    def _known_keys(cls, space: dict[str, Dimension]) -> dict[str, Dimension]:
+        unknown = sorted(set(space) - set(SEARCHABLE))
+        if unknown:
+            raise ValueError(f"cannot search {unknown}; searchable keys are {list(SEARCHABLE)}")
+        if "tau" in space and "weight_decay" in space:
+            raise ValueError("search one of weight_decay or tau, not both")
+        for key in INTEGER_KEYS:
+            dim = space.get(key)
+            if dim is None:
+                continue
+            if dim.loguniform is not None:
+                raise ValueError(f"{key}: a whole number; search it with grid or choice, not loguniform")
+            fractional = [v for v in (dim.grid or dim.choice or []) if not float(v).is_integer()]
+            if fractional:
+                raise ValueError(f"{key}: values must be whole numbers, got {fractional}")
+        return space
+
+    @field_validator("num_samples")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
+
+    # -- derived ---------------------------------------------------------------------
+
+    def output_path(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.name}").resolve()
+
+    def predictor_path(self) -> Path:
+        from hpo.data import default_predictor_path
+
+        return Path(self.predictor).resolve() if self.predictor else default_predictor_path()
+
+    def tracking_uri(self) -> str:
+        if self.mlflow.tracking_uri:
+            return self.mlflow.tracking_uri
+        return f"sqlite:///{self.output_path() / 'mlflow.db'}"
+
+    def base_trainer(self) -> dict[str, Any]:
+        """The trainer section with ``tau: power_lines`` resolved to a number."""
+        base = copy.deepcopy(self.trainer)
+        if base.get("tau") == "power_lines":
+            tpp = base.get("tokens_per_param", TrainConfig.model_fields["tokens_per_param"].default)
+            base["tau"] = power_lines_tau(float(tpp))
+        return base
+
+    def trial_trainer(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The trainer config of one trial: the base with the searched values applied.
+
+        Searching ``weight_decay`` releases the fixed τ (τ then varies with λ); searching
+        ``tau`` overrides it.
+        """
+        return merge_trial(self.base_trainer(), overrides)
+
+
+def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dict] = None,
+                      overrides: tuple[str, ...] = (), source: Optional[str] = None) -> SweepConfig:
+    """Read, override and validate a sweep config; raise ``ConfigError`` naming the field.
+
+    Every trial configuration the search space can produce (all grid/choice values, the
+    ends of log-uniform ranges) is validated as a ``TrainConfig`` here, before any process
+    starts or any file is written.
+    """
+    source = source or (str(path) if path is not None else "sweep config")
+    raw = read_yaml(str(path)) if path is not None else copy.deepcopy(data or {})
+    raw = apply_overrides(raw, overrides)
+    check_finite(raw, source)
+    try:
+        config = SweepConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+    if config.base_trainer().get("tau") == "power_lines":  # pragma: no cover - resolved above
+        raise ConfigError(f"{source}: trainer.tau: power_lines could not be resolved")
+    grid = math.prod(len(d.grid) for d in config.search_space.values() if d.grid is not None)
+    if config.num_samples * grid > config.limits.max_trials:
+        raise ConfigError(f"{source}: num_samples: {config.num_samples} x {grid} grid point(s) = "
+                          f"{config.num_samples * grid:,} trials, above limits.max_trials {config.limits.max_trials:,} "
+                          "(raise limits.max_trials to run them)")
+    names = list(config.search_space)
+    for values in itertools.product(*(config.search_space[n].extremes() for n in names)):
+        overrides_i = {n: (int(v) if n in INTEGER_KEYS else v) for n, v in zip(names, values)}
+        try:
+            trial = TrainConfig.model_validate(config.trial_trainer(overrides_i))
+        except ValidationError as exc:
+            where = ", ".join(f"{n}={v}" for n, v in overrides_i.items()) or "base config"
+            raise ConfigError(
+                format_validation_error(exc, f"{source}: trainer (trial {where})")
+            ) from None
+        if trial.tokens_per_param > config.limits.max_tokens_per_param:
+            raise ConfigError(f"{source}: trainer.tokens_per_param: {trial.tokens_per_param:g} is above "
+                              f"limits.max_tokens_per_param {config.limits.max_tokens_per_param:g} "
+                              "(raise limits.max_tokens_per_param to train that long)")
+    return config
