@@ -4,7 +4,7 @@ A keep/stop decision compares the trials of one sweep, and how well their order 
 predicted depends on what the sweep varies (the curves cross when τ varies, and share one
 normalised shape at fixed τ). ``hpo calibrate`` measures the ranking error per kind
 (``predictors.ranking``), the rules name the kind a set of trials forms and find the sweeps of
-a kind in a bank (``hpo.rules.sweep_kind``, ``hpo.rules.kind_groups``), and the reports label
+a kind in a bank (``hpo.decisions.rules.sweep_kind``, ``hpo.decisions.rules.kind_groups``), and the reports label
 them: all of them read this table (:data:`KINDS`), and :data:`SWEEP_KINDS`,
 :data:`KIND_GROUPS` and :func:`kind_axes` derive from it.
 

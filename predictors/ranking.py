@@ -19,7 +19,7 @@ the sweep varies. ``hpo calibrate`` therefore measures, on held-out predictions,
 for each *kind* of sweep (``predictors.kinds``), because the order is harder to predict
 when the curves cross (τ varies) than when they share one normalised shape (fixed τ).
 
-The scheduler's keep rule (``hpo.rules``) keeps every trial whose predicted log-final is
+The scheduler's keep rule (``hpo.decisions.rules``) keeps every trial whose predicted log-final is
 within z·σ of the predicted best: under the model each stopped trial had a chance below
 Φ(−z) of beating it.
 
@@ -127,7 +127,7 @@ _OPTIONAL = ("mle", "agreement", "loss_agreement", "loss_scale", "weight", "orde
 #: w·log(predicted final) + (1 − w)·log(loss at the rung).
 ORDER_WEIGHTS = (1.0, 0.75, 0.5, 0.25, 0.0)
 #: A ranking scale at or above this is no evidence at all (the probit fit's upper bound
-#: found no order: ``hpo.ranking_error.probit_scale`` caps it here).
+#: found no order: ``hpo.calibration.ranking_error.probit_scale`` caps it here).
 NO_EVIDENCE = 1.0
 
 

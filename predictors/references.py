@@ -21,7 +21,7 @@ size N,
 
 A run whose controls match no reference, or whose N is unknown, has no reference curve:
 the predictor uses its surrogate and says so. Which of surrogate, size term and reference
-curves a calibration ships is decided by leave-one-size-out (``hpo.held_out``).
+curves a calibration ships is decided by leave-one-size-out (``hpo.calibration.held_out``).
 
 Example:
     Two sizes whose normalised curves differ by a constant 10% offset early on; a run half-way
