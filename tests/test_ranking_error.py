@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpo.calibration.ranking_error import agreement, choose_order, ranking_error_table, seed_noise
+from hpo.calibration.ranking_error import (agreement, choose_order, evaluation_groups, ranking_error_table, seed_noise,
+                                          swept_sizes)
 from predictors import Controls, Curve, Predictor, SurrogateParams
 from predictors.schedules import Schedule
 
@@ -58,3 +59,33 @@ def test_seed_noise_is_pooled_over_configs_run_with_several_seeds() -> None:
     noise, words = seed_noise(curves)
     assert noise == pytest.approx(abs(np.log(2.04 / 2.00)) / np.sqrt(2), rel=1e-6) and "1 configs" in words
     assert seed_noise(curves[:1] + curves[2:]) is None
+
+
+def _sweep_curve(tau: float, tpp: float, n: float, final: float) -> Curve:
+    c = Controls(tau, tpp, Schedule("linear"), n_params=n)
+    return Curve(T, final * TRUTH.normalized_curve(T, c), c,
+                 {"name": f"{n:g}-{tpp:g}-{tau:g}", "eta": 0.01, "batch_size": 2048, "n_params": n,
+                  "weight_decay": 2048 / (0.01 * tau * tpp * n), "seed": 1, "data_seed": 1})
+
+
+def test_a_sweep_at_a_size_calibrated_without_sweeps_is_evidence_off_in_size_not_in_tpp() -> None:
+    # Issue 28: a bank swept at 0.1M (TPP 20, 80) pooled with a width-ladder run at 0.39M (one τ,
+    # no sweep) calibrates 0.39M's loss, not a sweep's order there. A λ sweep at 0.39M, TPP 10
+    # (a ranking bank) is placed off in size (beyond the swept 0.1M), not on the TPP axis where
+    # it would set the margin of sweeps at 0.1M below TPP 20; with one calibrated size the two
+    # rules agree.
+    bank = [_sweep_curve(tau, tpp, 1e5, 1.7 * (1 + 0.03 * k)) for tpp in (20.0, 80.0)
+            for k, tau in enumerate((0.05, 0.2, 0.8))]
+    bank.append(_sweep_curve(0.4, 20.0, 3.9e5, 1.4))
+    assert swept_sizes(bank) == (1e5,)
+    pooled = Predictor(TRUTH.params, provenance={"tokens_per_param": [20.0, 80.0], "model_sizes": [1e5, 3.9e5]})
+    transfer = [_sweep_curve(tau, 10.0, 3.9e5, 1.5 * (1 + 0.03 * k)) for k, tau in enumerate((0.1, 0.4, 1.6))]
+    (group,) = evaluation_groups(pooled, transfer, fractions=(0.2, 0.5), swept=swept_sizes(bank))
+    assert (group.value, group.position.axis, group.position.inside) == (3.9e5, "n_params", False)
+    assert group.position.distance == pytest.approx(np.log(3.9), rel=1e-9) and "lambda" in group.kinds
+    (before,) = evaluation_groups(pooled, transfer, fractions=(0.2, 0.5))
+    assert (before.value, before.position.axis) == (10.0, "tokens_per_param")
+    shipped = Predictor(TRUTH.params, provenance={"tokens_per_param": [20.0, 80.0], "model_sizes": [1e5]})
+    (a,) = evaluation_groups(shipped, transfer, fractions=(0.2, 0.5), swept=(1e5,))
+    (b,) = evaluation_groups(shipped, transfer, fractions=(0.2, 0.5))
+    assert a == b

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hpo.calibration import report as calibration_report, held_out
 from hpo.common.overrides import ConfigError
-from hpo.calibration.ranking_error import evaluation_groups, ranking_error_table, seed_noise
+from hpo.calibration.ranking_error import evaluation_groups, ranking_error_table, seed_noise, swept_sizes
 from hpo.calibration.size_choice import SizeChoice, choose_size_method, size_methods
 from predictors import fit
 from predictors.io import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
@@ -157,7 +157,7 @@ def _ranking_error(curves: list, predictor: Any, chosen: ModeFit, refits: held_o
     complete_extra = complete_curves(list(ranking_curves))[0]
     if complete_extra:
         _progress(f"ranking error on {len(complete_extra)} curves of the ranking banks (never fitted)")
-    extra_groups = evaluation_groups(predictor, complete_extra) if complete_extra else ()
+    extra_groups = evaluation_groups(predictor, complete_extra, swept=swept_sizes(curves)) if complete_extra else ()
     noise = seed_noise(curves)
     return dataclasses.replace(ranking, cross_groups=(*ranking.cross_groups, *extra_groups),
                                seed_noise=None if noise is None else noise[0],

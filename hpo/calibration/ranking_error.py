@@ -294,14 +294,32 @@ def seed_noise(curves: Sequence[Curve]) -> Optional[tuple[float, str]]:
     return pooled, f"pooled over {len(groups)} configs run with several seeds ({dof} degrees of freedom)"
 
 
+def swept_sizes(curves: Sequence[Curve]) -> tuple[float, ...]:
+    """The model sizes at which ``curves`` hold a sweep of some kind (:func:`ranking_groups`):
+    where the calibration saw trials ranked, as opposed to every size it saw a curve at."""
+    sizes = {float(curve_size(curves[i]) or 0.0) for groups in ranking_groups(curves).values()
+             for g in groups for i in g}
+    return tuple(sorted(n for n in sizes if n > 0))
+
+
 def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
-                      fractions: Sequence[float] = DECISION_FRACTIONS) -> tuple[Any, ...]:
+                      fractions: Sequence[float] = DECISION_FRACTIONS,
+                      swept: Optional[Sequence[float]] = None) -> tuple[Any, ...]:
     """The order error of sweeps the fit never saw, at scales the predictor was not calibrated
     at (``hpo calibrate``'s ``ranking_banks``: other model sizes, TPPs): per (N, TPP) of
     ``curves``, the ``HeldOutGroup`` of its sweeps predicted by ``predictor`` as it ships, placed
-    on the model-size axis where N is off the calibrated sizes, else on the TPP axis (a group at
-    a calibrated scale adds nothing and is left out)."""
-    from predictors.ranking import HeldOutGroup
+    on the model-size axis where N is off the sizes the calibration held sweeps at (``swept``,
+    :func:`swept_sizes` of its bank; None: the predictor's calibrated sizes), else on the TPP
+    axis (a group at a calibrated scale adds nothing and is left out).
+
+    Why the swept sizes and not every calibrated size (issue 28): a size calibrated by a width
+    ladder (one TPP, one τ, no sweep) calibrates the loss level there, not the order of a sweep;
+    a λ sweep at such a size is a size transfer of the order measured at the swept sizes. Placed
+    on the TPP axis, its order error (0.39M at TPP 10: 14–28%) became the keep margin of every
+    sweep below the calibrated TPPs at the swept size, where the order is known far better
+    (0.1M at TPP 10: ≤ 2%). On the size axis it is evidence for sweeps off in size, as it was
+    before the ladder was pooled; with one swept size both rules agree."""
+    from predictors.ranking import HeldOutGroup, Position
 
     curves = list(curves)
     fractions = tuple(float(s) for s in fractions)
@@ -313,6 +331,11 @@ def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
         sub = [curves[i] for i in members]
         by_kind = ranking_groups(sub)
         positions = {p.axis: p for p in predictor.positions([controls_with_size(c) for c in sub])}
+        if swept is not None:
+            positions.pop("n_params", None)
+            off_size = Position.of(n_params, swept, "n_params")
+            if off_size is not None:
+                positions["n_params"] = off_size
         position = positions.get("n_params") or positions.get("tokens_per_param")
         if not by_kind or position is None:
             continue
