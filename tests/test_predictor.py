@@ -204,3 +204,25 @@ def test_ranking_error_round_trips_and_sets_the_ranking_scale(tmp_path):
     assert back.ranking_scale(0.3, "mixed")[0] == pytest.approx(0.02)  # the largest of all kinds
     assert PRED.ranking_scale(0.1, "lambda")[0] == pytest.approx(math.sqrt(2) * PRED.decision_error.at(0.1))
     assert Predictor(PRED.params).ranking_scale(0.1, "lambda")[0] == 0.0
+
+
+def test_repeated_predictions_equal_a_fresh_predictors_and_still_warn():
+    # predict_final memoises ℓ̂, η and the calibrated error (issue 30): a sweep's second,
+    # third … prediction for the same controls and grid gives exactly what a fresh predictor
+    # computes, the returned curves stay the caller's to change, and the missing-N warning
+    # still fires on a predictor that has only ever answered from its memo.
+    shipped = Predictor.load("hpo/data/predictors/default.json")
+    ctrl = Controls(0.3, 40.0)
+    with pytest.warns(UserWarning, match="n_params"):
+        first = [shipped.predict_final(T[:k], Y[:k], ctrl) for k in (100, 200, 100, 200)]
+    fresh = Predictor.load("hpo/data/predictors/default.json")
+    with pytest.warns(UserWarning, match="n_params"):
+        again = [fresh.predict_final(T[:k], Y[:k], ctrl) for k in (100, 200)]
+    assert first[:2] == again and first[2:] == again
+    assert shipped.relative_error(0.2, ctrl) == fresh.relative_error(0.2, ctrl)
+    curve = shipped.normalized_curve(T[:100], ctrl)
+    curve[0] = -1.0  # the caller's copy, not the memo's
+    assert shipped.predict_final(T[:100], Y[:100], ctrl) == again[0]
+    copied = dataclasses.replace(shipped)  # a fresh memo per predictor object
+    with pytest.warns(UserWarning, match="n_params"):
+        assert copied.predict_final(T[:200], Y[:200], ctrl) == again[1]
