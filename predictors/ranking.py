@@ -165,15 +165,22 @@ class Position:
     axis: str
     inside: bool
     distance: float
+    #: Beyond the range: "above" its largest value or "below" its smallest (None: inside, or
+    #: not recorded, as in files before issue 28, which match either side).
+    direction: Optional[str] = None
 
-    def analogous(self, other: "Position") -> bool:
+    def analogous(self, other: "Position", sided: bool = False) -> bool:
         """Whether a group held out at ``other`` is in the same situation as a run here: the
         same axis, and the same side of the calibrated range (inside it, an interpolation, or
         beyond it, an extrapolation). The one selection both off-scale rules share
         (``predictors.distance.axis_error`` for the decision error, :meth:`RankingError.order_at`
         for the order's); what each does with the groups it selects differs on purpose (their
-        docstrings say why)."""
-        return other.axis == self.axis and other.inside == self.inside
+        docstrings say why). ``sided``: beyond the range, also the same direction where both
+        record one (extrapolating down in TPP is not extrapolating up)."""
+        same = other.axis == self.axis and other.inside == self.inside
+        if sided and same and not self.inside and self.direction and other.direction:
+            return self.direction == other.direction
+        return same
 
     def words(self) -> str:
         return (f"{'inside' if self.inside else 'outside'} the calibrated {self.axis} range, "
@@ -188,7 +195,8 @@ class Position:
         if any(abs(value / r - 1.0) <= SCALE_TOLERANCE for r in refs):
             return None
         distance = min(abs(float(np.log(value / r))) for r in refs)
-        return cls(axis, min(refs) < value < max(refs), float(distance))
+        inside = min(refs) < value < max(refs)
+        return cls(axis, inside, float(distance), None if inside else "above" if value > max(refs) else "below")
 
 
 @dataclass(frozen=True)
@@ -201,12 +209,17 @@ class HeldOutGroup:
     kinds: Mapping[str, KindError]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "axis": self.position.axis, "inside": self.position.inside,
-                "distance": self.position.distance, "kinds": {k: v.to_dict() for k, v in self.kinds.items()}}
+        out = {"value": self.value, "axis": self.position.axis, "inside": self.position.inside,
+               "distance": self.position.distance, "kinds": {k: v.to_dict() for k, v in self.kinds.items()}}
+        if self.position.direction is not None:
+            out["direction"] = self.position.direction
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HeldOutGroup":
-        return cls(float(data["value"]), Position(str(data["axis"]), bool(data["inside"]), float(data["distance"])),
+        direction = data.get("direction")
+        return cls(float(data["value"]), Position(str(data["axis"]), bool(data["inside"]), float(data["distance"]),
+                                                  None if direction is None else str(direction)),
                    {k: KindError.from_dict(v) for k, v in data["kinds"].items()})
 
 
@@ -269,7 +282,8 @@ class RankingError:
         only keeps more: the worst case of the groups held out at least as far is the safe
         side, and one entry (the hardest) must supply both the scale and the blend weight, so
         positions do not add; a probit scale per kind also has too few groups per side to fit
-        a trend to (the held-out groups of this table record no side, so none is matched).
+        a trend to. Beyond the range, only the groups on the sweep's side count where the table
+        records sides (issue 28; else both sides).
 
         Example:
             >>> k = KindError((0.1,), (0.02,), (0.03,), (10,), (2,), agreement=(0.8,), loss_agreement=(0.9,),
@@ -289,7 +303,10 @@ class RankingError:
         entries: list[tuple[KindError, str]] = [(self.kinds[k], f"{k} in-scale") for k in measured]
         predicted_known = True
         for pos in positions:
-            same = [g for g in self.cross_groups if pos.analogous(g.position) and any(m in g.kinds for m in measured)]
+            on_side = [g for g in self.cross_groups if any(m in g.kinds for m in measured) and pos.analogous(g.position)]
+            # Beyond the range, the groups held out on the sweep's side where any was (a sweep
+            # below the calibrated TPPs is not judged by how TPP 200 extrapolated up).
+            same = [g for g in on_side if pos.analogous(g.position, sided=True)] or on_side
             far = [g for g in same if g.position.distance >= pos.distance - 1e-9]
             if same and not far:
                 farthest = max(g.position.distance for g in same)

@@ -78,3 +78,27 @@ def test_off_scale_runs_get_the_error_of_analogous_held_out_groups() -> None:
     assert Position.of(21.0, [20, 80], "tokens_per_param") is None  # within 10%: at the calibrated scale
     back = RankingError.from_dict(table.to_dict())
     assert back.cross_groups == table.cross_groups
+
+
+def test_beyond_the_range_a_sweep_is_judged_by_the_groups_held_out_on_its_side() -> None:
+    # Issue 28: TPP 20 held out (below 80/200) ordered well, TPP 200 (above 20/80) badly. A
+    # sweep at TPP 15 (below, 0.29 away) extrapolates down: it gets the TPP-20 group's scale,
+    # not TPP 200's; a file that records no side matches either (the larger); a sweep above
+    # gets TPP 200's.
+    from predictors.ranking import HeldOutGroup, Position
+
+    def k(v: float) -> KindError:
+        return KindError((0.3,), (v,), (v,), (10,), (2,))
+
+    below = Position.of(20.0, [80, 200], "tokens_per_param")
+    above = Position.of(200.0, [20, 80], "tokens_per_param")
+    assert (below.direction, above.direction) == ("below", "above")
+    groups = (HeldOutGroup(20.0, below, {"lambda": k(0.02)}), HeldOutGroup(200.0, above, {"lambda": k(0.20)}))
+    table = RankingError({"lambda": k(0.01)}, cross_groups=groups)
+    sweep = Position.of(15.0, [20, 80, 200], "tokens_per_param")
+    assert table.order_at(0.3, "lambda", [sweep]).scale == 0.02
+    assert table.order_at(0.3, "lambda", [Position.of(400.0, [20, 80, 200], "tokens_per_param")]).scale == 0.20
+    unsided = RankingError.from_dict({**table.to_dict(), "cross_groups": [
+        {key: v for key, v in g.to_dict().items() if key != "direction"} for g in groups]})
+    assert unsided.order_at(0.3, "lambda", [sweep]).scale == 0.20
+    assert RankingError.from_dict(table.to_dict()).cross_groups == table.cross_groups
