@@ -246,6 +246,10 @@ class RankingError:
     cross_groups: tuple[HeldOutGroup, ...] = ()
     seed_noise: Optional[float] = None
     seed_noise_source: Optional[str] = None
+    #: The model sizes the calibration held sweeps at (``hpo.calibration.ranking_error.swept_sizes``);
+    #: a sweep's size is judged against these, not every calibrated size (issue 28). () : files
+    #: before it, judged by the positions as given.
+    swept_sizes: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.seed_noise is not None and not (np.isfinite(self.seed_noise) and self.seed_noise >= 0):
@@ -256,8 +260,20 @@ class RankingError:
                 raise ValueError(f"ranking_error: unknown sweep kind(s) {unknown}; known: {list(SWEEP_KINDS)}")
         object.__setattr__(self, "kinds", dict(self.kinds))
         object.__setattr__(self, "cross_groups", tuple(self.cross_groups))
+        object.__setattr__(self, "swept_sizes", tuple(float(n) for n in self.swept_sizes))
         if self.cross_scale is not None:
             object.__setattr__(self, "cross_scale", dict(self.cross_scale))
+
+    def sized(self, positions: Sequence[Position], sizes: Sequence[Optional[float]]) -> list[Position]:
+        """``positions`` with the model-size one judged against :attr:`swept_sizes`: a width
+        ladder's sizes calibrate the loss there, not the order of a sweep, so a sweep at one is
+        off in size from the swept sizes (the farthest of ``sizes``). Unchanged without swept sizes."""
+        known = [float(n) for n in sizes if n is not None and np.isfinite(float(n)) and float(n) > 0]
+        if not self.swept_sizes or not known:
+            return list(positions)
+        off = [p for p in (Position.of(n, self.swept_sizes, "n_params") for n in known) if p is not None]
+        kept = [p for p in positions if p.axis != "n_params"]
+        return kept + ([max(off, key=lambda p: p.distance)] if off else [])
 
     def order_at(self, stop_fraction: float, kind: str, positions: Sequence[Position] = ()) -> Order:
         """The order a rung at ``stop_fraction`` ranks a sweep of ``kind`` by, and its error.
@@ -350,7 +366,8 @@ class RankingError:
                 {k: v.to_dict() for k, v in self.cross_scale.items()},
                 "source": self.source, "cross_scale_source": self.cross_scale_source,
                 "cross_groups": [g.to_dict() for g in self.cross_groups],
-                "seed_noise": self.seed_noise, "seed_noise_source": self.seed_noise_source}
+                "seed_noise": self.seed_noise, "seed_noise_source": self.seed_noise_source,
+                **({"swept_sizes": list(self.swept_sizes)} if self.swept_sizes else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RankingError":
@@ -359,4 +376,5 @@ class RankingError:
                    None if cross is None else {k: KindError.from_dict(v) for k, v in cross.items()},
                    str(data.get("source", "leave-one-sweep-out")), data.get("cross_scale_source"),
                    tuple(HeldOutGroup.from_dict(g) for g in data.get("cross_groups") or []),
-                   None if data.get("seed_noise") is None else float(data["seed_noise"]), data.get("seed_noise_source"))
+                   None if data.get("seed_noise") is None else float(data["seed_noise"]), data.get("seed_noise_source"),
+                   tuple(float(n) for n in data.get("swept_sizes") or ()))

@@ -102,3 +102,23 @@ def test_beyond_the_range_a_sweep_is_judged_by_the_groups_held_out_on_its_side()
         {key: v for key, v in g.to_dict().items() if key != "direction"} for g in groups]})
     assert unsided.order_at(0.3, "lambda", [sweep]).scale == 0.20
     assert RankingError.from_dict(table.to_dict()).cross_groups == table.cross_groups
+
+
+def test_a_sweep_at_a_size_calibrated_without_sweeps_is_judged_off_in_size() -> None:
+    # Issue 28: a width ladder makes 0.39M a calibrated size, but the order was only measured on
+    # sweeps at 0.1M. A sweep at 0.39M gets the order error held out above 0.1M in size (a λ
+    # sweep there ordered at 20%), not the in-scale 1%; at 0.1M, and in a file without swept
+    # sizes, nothing changes.
+    from predictors.ranking import HeldOutGroup, Position
+
+    def k(v: float) -> KindError:
+        return KindError((0.3,), (v,), (v,), (10,), (2,))
+
+    above = Position.of(3.9e5, [1e5], "n_params")
+    table = RankingError({"lambda": k(0.01)}, cross_groups=(HeldOutGroup(3.9e5, above, {"lambda": k(0.20)}),),
+                         swept_sizes=(1e5,))
+    ladder_calibrated: list[Position] = []  # what the predictor's positions say at 0.39M
+    assert table.order_at(0.3, "lambda", table.sized(ladder_calibrated, [3.9e5])).scale == 0.20
+    assert table.order_at(0.3, "lambda", table.sized([], [1e5])).scale == 0.01
+    old = RankingError.from_dict({key: v for key, v in table.to_dict().items() if key != "swept_sizes"})
+    assert old.sized([], [3.9e5]) == [] and RankingError.from_dict(table.to_dict()) == table

@@ -157,11 +157,12 @@ def _ranking_error(curves: list, predictor: Any, chosen: ModeFit, refits: held_o
     complete_extra = complete_curves(list(ranking_curves))[0]
     if complete_extra:
         _progress(f"ranking error on {len(complete_extra)} curves of the ranking banks (never fitted)")
-    extra_groups = evaluation_groups(predictor, complete_extra, swept=swept_sizes(curves)) if complete_extra else ()
+    swept = swept_sizes(curves)
+    extra_groups = evaluation_groups(predictor, complete_extra, swept=swept) if complete_extra else ()
     noise = seed_noise(curves)
     return dataclasses.replace(ranking, cross_groups=(*ranking.cross_groups, *extra_groups),
                                seed_noise=None if noise is None else noise[0],
-                               seed_noise_source=None if noise is None else noise[1])
+                               seed_noise_source=None if noise is None else noise[1], swept_sizes=swept)
 
 
 def _write_outputs(summary: dict[str, Any], curves: list, predictor: Any, predictor_path: Path, out: Path) -> None:
