@@ -320,7 +320,8 @@ class Predictor:
         off = [why for ok, why in (self.scale_check(c) for c in controls) if not ok]
         where = f"; {off[0]}" if off else ""
         if self.ranking_error is not None and self.ranking_error.kinds:
-            order = self.ranking_error.order_at(stop_fraction, kind, self.positions(controls))
+            positions = self.ranking_error.sized(self.positions(controls), [c.n_params for c in controls])
+            order = self.ranking_error.order_at(stop_fraction, kind, positions)
             return Order(order.weight, order.scale, order.words + where)
         if self.decision_error is not None:
             e = max((self.relative_error(stop_fraction, c)[0] for c in controls),
