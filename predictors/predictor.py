@@ -140,7 +140,7 @@ class Predictor:
         # their report grid), ℓ̂ on a grid by controls (an η or B sweep shares τ/TPP/schedule)
         # and the calibrated error by (stop fraction, controls). Each is a pure function of its
         # key and this (frozen) predictor, so a hit returns the number a miss would compute.
-        object.__setattr__(self, "_memo", {"schedule": {}, "ell": {}, "error": {}})
+        object.__setattr__(self, "_memo", {"schedule": {}, "ell": {}, "error": {}, "position": {}})
 
     # ------------------------------------------------------------------ curves
     def normalized_curve(self, t_hat: Any, controls: Controls) -> np.ndarray:
@@ -209,13 +209,20 @@ class Predictor:
                 if axis == "tau" and math.isinf(value):
                     pos = None if prov.get("no_weight_decay_curves") else Position("tau", False, math.inf)
                 else:
-                    pos = Position.of(float(value), known, axis)
+                    pos = self._position_of(float(value), known, axis)
                 if pos is None:
                     continue
                 key = (pos.axis, pos.inside)
                 if key not in worst or pos.distance > worst[key].distance:
                     worst[key] = pos
         return list(worst.values())
+
+    def _position_of(self, value: float, known: Any, axis: str) -> Optional[Position]:
+        """``Position.of`` memoised by (axis, value): a sweep's trials share TPP and N, rungs repeat τ."""
+        memo, key = self._memo_table("position"), (axis, value)
+        if key not in memo:
+            memo[key] = Position.of(value, known, axis)
+        return memo[key]
 
     def _directions(self, controls: Controls) -> dict[str, str]:
         """Per axis where ``controls`` lie beyond the calibrated values: "above" or "below"."""
@@ -270,8 +277,7 @@ class Predictor:
             return 0.0, "uncalibrated"
         s = float(stop_fraction)
         note = self._check_size_reported(controls)  # before the memo: it warns once per predictor
-        memo = self._memo_table("error")
-        key = (s, controls)
+        memo, key = self._memo_table("error"), (s, controls)
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = self._relative_error(s, controls, note)
@@ -392,8 +398,7 @@ class Predictor:
 
     def _grid_ell_hat(self, t: np.ndarray, controls: Controls) -> np.ndarray:
         """ℓ̂ at validated ``t`` (read-only), memoised by (controls, grid) for predict_final."""
-        memo = self._memo_table("ell")
-        key = (controls, t.tobytes())
+        memo, key = self._memo_table("ell"), (controls, t.tobytes())
         hit = memo.get(key)
         if hit is None:
             hit = np.array(self._ell_hat(t, controls), dtype=np.float64)
@@ -405,8 +410,7 @@ class Predictor:
 
     def _schedule_on(self, controls: Controls, t: np.ndarray) -> np.ndarray:
         """η(t̂)/η_peak on the grid ``t`` (read-only), memoised by (schedule, grid)."""
-        memo = self._memo_table("schedule")
-        key = (controls.schedule, t.tobytes())
+        memo, key = self._memo_table("schedule"), (controls.schedule, t.tobytes())
         hit = memo.get(key)
         if hit is None:
             hit = np.asarray(controls.schedule(t), dtype=np.float64)
