@@ -472,6 +472,8 @@ class Predictor:
         strictly increasing in [0, 1], fewer than ``align.min_points`` points, or losses at or
         below the irreducible loss L̂.
         """
+        if not isinstance(controls, Controls):  # before the memos, which key on it
+            raise ValueError(f"controls: must be a Controls, got {type(controls).__name__}")
         settings = self.align
         t, y = check_curve(t_hat, loss, min_points=settings.min_points, name="predict_final")
         if segment is None:

@@ -77,7 +77,7 @@ def test_decision_error_matches_direct_prediction(predictor: Predictor, curves: 
 
 
 def test_decision_error_agrees_with_scheduler(predictor: Predictor, curves: list, rows: list) -> None:
-    """The script predicts exactly as the scheduler's rung entry does (``CollapseScheduler._entry``)."""
+    """The script predicts exactly as the scheduler's rung entry does (``RungJudge.entry``, which ``CollapseScheduler`` calls)."""
     pytest.importorskip("ray")
     from hpo.decisions.scheduler import CollapseScheduler
     from hpo.decisions.scheduler_state import TrialRecord
@@ -87,7 +87,7 @@ def test_decision_error_agrees_with_scheduler(predictor: Predictor, curves: list
     rec = TrialRecord(trial_id="t", controls=curve.controls.to_dict(),
                       history=[[float(t), float(y)] for t, y in zip(curve.t_hat, curve.loss)])
     for r, s in enumerate((0.1, 0.3)):
-        entry = scheduler._entry(rec, r)
+        entry = scheduler._judge.entry(rec, r)
         assert entry.predicted_final_loss is not None, entry.reason
         assert row.decision_error[s] == pytest.approx(entry.predicted_final_loss / curve.final_loss - 1.0, abs=1e-12)
 
