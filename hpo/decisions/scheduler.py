@@ -10,14 +10,12 @@ rung), ``hpo.decisions.scheduler_records``/``hpo.decisions.scheduler_state`` (tr
 their file), ``hpo.decisions.scheduler_contract`` (what a result must carry), ``hpo.decisions.scheduler_queue``
 (which trial runs next) and ``hpo.decisions.early_answer`` (what the answer says).
 
-Decision modes:
-
-* ``sync`` (default): successive halving with pausing, like Ray's ``HyperBandScheduler``. A
-  trial reaching a rung is PAUSED until every live trial has reached it; then the rung is
-  decided, losers are stopped and survivors resumed. Trainables must checkpoint.
-* ``async``: like ASHA; an arrival at a rung is judged against the predictions recorded there
-  (:func:`hpo.decisions.rules.judge_arrival`); first arrivals continue. Never pauses.
-* ``audit``: stops and pauses nothing; records what ``sync`` would have decided.
+Decision modes: ``sync`` (default), successive halving with pausing like Ray's
+``HyperBandScheduler``: a trial reaching a rung is PAUSED until every live trial has reached it,
+then losers are stopped and survivors resumed (trainables must checkpoint); ``async``, like ASHA:
+an arrival is judged against the predictions recorded at the rung
+(:func:`hpo.decisions.rules.judge_arrival`), first arrivals continue, nothing pauses; ``audit``:
+stops and pauses nothing, records what ``sync`` would have decided.
 
 The time axis is the reported training fraction t̂ (``time_attr``), never iterations or wall
 time. Each trial's controls (τ, TPP, schedule) and sweep values (η, B, λ) come from its
@@ -56,8 +54,8 @@ from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo.decisions import rules
 from hpo.decisions.early_answer import compose_early_answer, revise
-from hpo.common.errors import announce, exit_2_on_uncaught
-from hpo.decisions.scheduler_contract import ReportReader, SchedulerContractError, check_arguments, check_mode
+from hpo.decisions.scheduler_contract import (ReportReader, SchedulerContractError, check_arguments, check_mode,
+                                              guarded, notify)
 from hpo.decisions.scheduler_judge import RungJudge
 from hpo.decisions.scheduler_queue import RunQueue, first_by_walk
 from hpo.decisions.scheduler_state import (RungDecision, RungRecord, RungWalk, SchedulerState, StateStore, TrialRecord,
@@ -319,18 +317,10 @@ class CollapseScheduler(FIFOScheduler):
         return rung.survivors
 
     def _notify(self, callback: Optional[Callable[[Dict[str, Any]], None]], payload: Dict[str, Any]) -> None:
-        if callback is None:
-            return
-        try:
-            callback(json_safe(payload))
-        except Exception:  # noqa: BLE001 - a display/tracking hiccup must not kill the sweep
-            logger.exception("CollapseScheduler: callback %s failed", getattr(callback, "__name__", callback))
-            if self._strict:
-                raise
+        notify(callback, json_safe(payload), self._strict)
 
     def progress(self) -> list[dict[str, Any]]:
-        """Per rung: ``fraction``, ``decided``, ``reached``, ``alive``, ``stopped``, ``finished``
-        (``SchedulerState.progress``)."""
+        """Per rung: reached, alive, stopped, finished (``SchedulerState.progress``)."""
         return self._state.progress()
 
     def _stop(self, tc: Optional["TuneController"], rec: TrialRecord, fraction: float, trigger: bool) -> None:
@@ -402,20 +392,7 @@ class CollapseScheduler(FIFOScheduler):
     # ------------------------------------------------------------------ Tune hooks
 
     def _guard(self, fn: Callable[..., Any], default: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except SchedulerContractError as exc:
-            # A broken report contract must stop the sweep with its message. Ray wraps it in a
-            # TuneError of ~90 lines with the message at the bottom: say it first, in one line,
-            # and let an uncaught one end the user's script with exit status 2.
-            announce(exc)
-            exit_2_on_uncaught()
-            raise
-        except Exception:  # noqa: BLE001 - otherwise the scheduler never raises into Tune's loop
-            logger.exception("CollapseScheduler: internal error in %s", getattr(fn, "__name__", fn))
-            if self._strict:
-                raise
-            return default
+        return guarded(fn, default, self._strict, *args)  # a hook never raises into Tune's loop
 
     def on_trial_add(self, tune_controller: "TuneController", trial: Trial) -> None:
         """Register a trial. Idempotent: restores and retries call it again for known trials."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from hpo.decisions import rules
-from hpo.common.errors import InputError
+from hpo.common.errors import InputError, announce, exit_2_on_uncaught
 from hpo.decisions.scheduler_records import TrialRecord
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS
@@ -194,3 +194,38 @@ def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reductio
     if tolerance is not None and not (math.isfinite(float(tolerance)) and float(tolerance) >= 0):
         raise ValueError(f"tolerance: must be a finite loss difference >= 0, got {tolerance!r}")
     return fractions
+
+
+# ---------------------------------------------------------------------- failures in Ray's hooks
+
+
+def guarded(fn: Callable[..., Any], default: Any, strict: bool, *args: Any) -> Any:
+    """``fn(*args)`` as a scheduler hook runs it: a broken report contract ends the sweep with its
+    message; any other error is logged and ``default`` returned (re-raised when ``strict``, as
+    tests set it), so the scheduler never raises into Tune's loop."""
+    try:
+        return fn(*args)
+    except SchedulerContractError as exc:
+        # Ray wraps it in a TuneError of ~90 lines with the message at the bottom: say it first,
+        # in one line, and let an uncaught one end the user's script with exit status 2.
+        announce(exc)
+        exit_2_on_uncaught()
+        raise
+    except Exception:  # noqa: BLE001
+        logger.exception("CollapseScheduler: internal error in %s", getattr(fn, "__name__", fn))
+        if strict:
+            raise
+        return default
+
+
+def notify(callback: Optional[Callable[[dict[str, Any]], None]], payload: dict[str, Any], strict: bool) -> None:
+    """Hand ``payload`` to a user callback; what it raises is logged (a display or tracking
+    hiccup must not kill the sweep), re-raised when ``strict``."""
+    if callback is None:
+        return
+    try:
+        callback(payload)
+    except Exception:  # noqa: BLE001
+        logger.exception("CollapseScheduler: callback %s failed", getattr(callback, "__name__", callback))
+        if strict:
+            raise
