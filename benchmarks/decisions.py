@@ -54,24 +54,22 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpo.decisions import rules  # noqa: E402
-from hpo.calibration.calibrate import load_calibration_config  # noqa: E402
-from hpo.trials.curve_bank import load_bank  # noqa: E402
 from hpo.common.overrides import ConfigError  # noqa: E402
-from hpo.trials.replay import current_best_at, run_points, seed_noise, true_finals  # noqa: E402
 from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Predictor  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
 from predictors.kinds import SWEEP_KINDS  # noqa: E402
+# The replay (settings, scoring, aggregation, frontier) lives in its own module; this one
+# judges and writes what it measured.
+from benchmarks.decisions_replay import Bank, Point, Row, frontier, replay_bank  # noqa: E402
 
 BUDGETS = (0.2, 0.3, 0.4)
 #: The families where curves cross (τ varies within the sweep).
@@ -81,169 +79,6 @@ CROSSING = ("batch_fixed_lambda", "lambda", "eta_fixed_lambda", "eta_lambda_grid
 DEFAULT_BANKS = ("configs/calibration/decisions.yaml", "configs/calibration/decisions_grid.yaml",
                  "configs/calibration/decisions_large.yaml")
 METHODS = ("collapse", "asha", "median", "hyperband", "current-best")
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One method with one choice of its knobs."""
-
-    method: str
-    label: str
-    make: Optional[Callable[[], Any]] = None  # a fresh scheduler (None: current-best)
-    fraction: Optional[float] = None  # current-best@s
-    default: bool = False
-
-
-@dataclass
-class Row:
-    """One setting on one replicate."""
-
-    family: str
-    seed: int
-    method: str
-    setting: str
-    default: bool
-    compute: float
-    regret: Optional[float]
-    pick: Optional[str]
-    best: str
-    within_noise: Optional[bool]
-    picked_best: bool
-    best_kept: Optional[bool] = None  # collapse: the true best survived every decided rung
-    note: str = ""
-    bank: str = ""
-
-
-def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
-    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
-
-    from hpo.decisions.scheduler import CollapseScheduler
-    from hpo.trials.sweep_config import SchedulerSettings
-
-    default = SchedulerSettings()
-    out: list[Setting] = []
-    rung_sets = [(0.1,), (0.2,), (0.3,), (0.05, 0.1, 0.2), (0.1, 0.2), (0.2, 0.3), (0.1, 0.2, 0.3), (0.1, 0.3, 0.5),
-                 (0.1, 0.2, 0.3, 0.5)]
-    zs = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
-    rfs = (2.0, 3.0)
-    if quick:
-        rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.margin_z), (default.reduction_factor,)
-    for rungs in rung_sets:
-        for z in zs:
-            for rf in rfs:
-                if len(rungs) == 1 and rf != rfs[0]:
-                    continue  # rf only matters with an intermediate rung
-                is_default = (list(rungs) == list(default.rungs) and z == default.margin_z
-                              and rf == default.reduction_factor and default.margin == "calibrated")
-                out.append(Setting(
-                    "collapse", f"rungs {'/'.join(f'{r:g}' for r in rungs)}, z {z:g}, rf {rf:g}",
-                    lambda rungs=rungs, z=z, rf=rf: CollapseScheduler(
-                        predictor=predictor, metric="loss", mode="min", rungs=rungs, reduction_factor=rf,
-                        margin="calibrated", margin_z=z, decision_mode="sync"),
-                    default=is_default))
-    for grace in ((0.1,) if quick else (0.05, 0.1, 0.2, 0.3)):
-        for rf in ((2,) if quick else (2, 3, 4)):
-            out.append(Setting("asha", f"grace {grace:g}, rf {rf}", lambda g=grace, rf=rf: ASHAScheduler(
-                metric="loss", mode="min", time_attr="train_fraction", max_t=1.0, grace_period=g,
-                reduction_factor=rf)))
-    for grace in ((0.1,) if quick else (0.1, 0.2, 0.3)):
-        out.append(Setting("median", f"grace {grace:g}", lambda g=grace: MedianStoppingRule(
-            metric="loss", mode="min", time_attr="train_fraction", grace_period=g, min_samples_required=3)))
-    for rf in (() if quick else (2, 3)):
-        out.append(Setting("hyperband", f"rf {rf}", lambda rf=rf: HyperBandScheduler(
-            metric="loss", mode="min", time_attr="train_fraction", max_t=1.0, reduction_factor=rf)))
-    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)):
-        out.append(Setting("current-best", f"s {s:g}", fraction=s))
-    return out
-
-
-def replicates(config_path: str) -> tuple[Any, dict[tuple[str, int], list[str]], list[str]]:
-    """The bank, each complete (family, seed) replicate's run ids, and what is missing."""
-    config = load_calibration_config(config_path)
-    bank = Path(config.bank) if Path(config.bank).is_absolute() else REPO_ROOT / config.bank
-    if not bank.exists():
-        raise ConfigError(f"{bank}: no such curve bank (named by {config_path}); train it with "
-                          f"`hpo calibrate {config_path}`")
-    frame = load_bank(bank)
-    finals = true_finals(frame)
-    groups: dict[tuple[str, int], list[str]] = {}
-    for run in config.sweep_runs():
-        groups.setdefault((run.sweep, run.seed), []).append(run.run_id)
-    complete, missing = {}, []
-    for key, ids in groups.items():
-        absent = [r for r in ids if r not in finals]
-        if absent:
-            missing.append(f"{key[0]} seed {key[1]}: {len(absent)} of {len(ids)} runs not banked or not complete")
-        else:
-            complete[key] = sorted(ids)
-    return frame, complete, missing
-
-
-def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[str],
-          points: dict[str, list[dict[str, Any]]], finals: dict[str, float], sigma: Optional[float]) -> Row:
-    from hpo.decisions.simulator import SimulatedSweep
-
-    best = min(runs, key=lambda r: (finals[r], r))
-    if setting.fraction is not None:
-        outcome = current_best_at(frame, runs, setting.fraction, finals=finals)
-        reached, note, best_kept = outcome.reached, "", None
-    else:
-        scheduler = setting.make()
-        sim = SimulatedSweep(scheduler, {r: points[r] for r in runs}, n_workers=2)
-        try:
-            result = sim.run()
-        except Exception as exc:  # noqa: BLE001 - a scheduler that cannot run here is reported, not fatal
-            return Row(family, seed, setting.method, setting.label, setting.default, math.nan, None, None, best,
-                       None, False, note=f"{type(exc).__name__}: {exc}")
-        reached, note = result.reached, ""
-        best_kept = None
-        if setting.method == "collapse":
-            best_kept = all(best in rung.survivors for rung in scheduler.state.rungs if rung.decided)
-    done = [r for r in runs if rules.is_finished(reached.get(r, 0.0))]
-    pick = min(done, key=lambda r: (finals[r], r)) if done else None
-    regret = None if pick is None else finals[pick] - finals[best]
-    return Row(family, seed, setting.method, setting.label, setting.default, rules.compute_fraction(reached),
-               regret, pick, best, None if regret is None or sigma is None else regret <= sigma + 1e-12,
-               pick == best, best_kept, note)
-
-
-@dataclass
-class Point:
-    """A setting on one family, over its replicates."""
-
-    method: str
-    setting: str
-    default: bool
-    compute: float
-    regret: float
-    regret_sd: float
-    within: int
-    n: int
-    best_kept: Optional[int] = None
-
-
-def aggregate(rows: Sequence[Row]) -> dict[str, list[Point]]:
-    """family → one Point per setting (settings with a failed replicate are left out)."""
-    out: dict[str, list[Point]] = {}
-    keys = dict.fromkeys((r.family, r.method, r.setting) for r in rows)
-    for family, method, label in keys:
-        mine = [r for r in rows if (r.family, r.method, r.setting) == (family, method, label)]
-        if any(r.regret is None or not math.isfinite(r.compute) for r in mine):
-            continue
-        regrets = np.array([r.regret for r in mine], dtype=float)
-        kept = [r.best_kept for r in mine if r.best_kept is not None]
-        out.setdefault(family, []).append(Point(
-            method, label, mine[0].default, float(np.mean([r.compute for r in mine])), float(regrets.mean()),
-            float(regrets.std(ddof=1)) if len(mine) > 1 else 0.0, sum(bool(r.within_noise) for r in mine), len(mine),
-            sum(kept) if kept else None))
-    return out
-
-
-def frontier(points: Sequence[Point], method: str, budget: float) -> Optional[Point]:
-    """The lowest mean regret among ``method``'s settings with mean compute ≤ ``budget``
-    (ties: less compute)."""
-    mine = [p for p in points if p.method == method and p.compute <= budget + 1e-9]
-    return min(mine, key=lambda p: (p.regret, p.compute)) if mine else None
 
 
 def select_z(rows: Sequence[Row]) -> Optional[tuple[float, str]]:
@@ -320,44 +155,6 @@ def targets(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, 
                      + f": the true best in the default's keep set at every rung in ≥ 95% of replicates: "
                      f"{n_kept}/{len(kept)}")
     return lines
-
-
-def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], list[str]],
-                        points: dict[str, list[dict[str, Any]]], finals: dict[str, float],
-                        fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.5)) -> list[list[Any]]:
-    """Per kind of sweep and s, over the pairs of each replicate: how often the order of the
-    predicted finals (``hpo.decisions.rules.predict_at_rung``) and of the losses at the rung agree with
-    the order of the true finals, and the RMS of their log-ratio errors."""
-    import itertools
-
-    rows = []
-    for family in dict.fromkeys(k[0] for k in complete):
-        for s in fractions:
-            agree = {"pred": [], "loss": []}
-            err = {"pred": [], "loss": []}
-            for (fam, _), runs in complete.items():
-                if fam != family:
-                    continue
-                seen = {}
-                for r in runs:
-                    t = [p["train_fraction"] for p in points[r]]
-                    y = [p["loss"] for p in points[r]]
-                    pred = rules.predict_at_rung(predictor, t, y, points[r][0], s)
-                    seen[r] = (pred.final_loss, pred.loss)
-                for a, b in itertools.combinations(runs, 2):
-                    true = math.log(finals[a] / finals[b])
-                    for key, k in (("pred", 0), ("loss", 1)):
-                        if seen[a][k] is None or seen[b][k] is None:
-                            continue
-                        d = math.log(seen[a][k] / seen[b][k])
-                        agree[key].append(np.sign(d) == np.sign(true))
-                        err[key].append(d - true)
-            if agree["pred"]:
-                rows.append([SWEEP_KINDS.get(family, family), f"{s:g}", len(agree["pred"]),
-                             f"{100 * np.mean(agree['pred']):.0f}%", f"{100 * np.mean(agree['loss']):.0f}%",
-                             f"{100 * np.sqrt(np.mean(np.square(err['pred']))):.2f}%",
-                             f"{100 * np.sqrt(np.mean(np.square(err['loss']))):.2f}%"])
-    return rows
 
 
 def render(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict[str, Optional[float]],
@@ -526,59 +323,6 @@ def issue_targets(agg: dict[str, list[Point]], rows: Sequence[Row], sigmas: dict
                      f"lower on ≥ {need} crossing kind(s) of the {len(crossing)} here: "
                      + (", ".join(lower) if lower else "none"))
     return lines
-
-
-@dataclass
-class Bank:
-    """One held-out bank replayed: its rows, aggregates, seed noise and what was missing."""
-
-    config: str
-    rows: list[Row]
-    agg: dict[str, list[Point]]
-    sigmas: dict[str, Optional[float]]
-    missing: list[str]
-    meta: dict[str, Any]
-
-
-def replay_bank(config_path: str, predictor: Predictor, *, quick: bool, families: Sequence[str],
-                started: float) -> Bank:
-    """Every setting of every method on every complete replicate of one bank."""
-    from predictors.smoothing import FINAL_LOSS_DEFINITION
-
-    frame, complete, missing = replicates(config_path)
-    if families:
-        complete = {k: v for k, v in complete.items() if k[0] in families}
-    if not complete:
-        raise ConfigError(f"no complete replicate in the bank of {config_path}")
-    finals = true_finals(frame)
-    points = {r: run_points(frame, r) for ids in complete.values() for r in ids}
-    kinds = list(dict.fromkeys(k[0] for k in complete))
-    sigmas = {f: seed_noise(frame, [r for k, ids in complete.items() if k[0] == f for r in ids], finals=finals).std
-              for f in kinds}
-    # A bank of one seed cannot measure its seed noise: the predictor's (relative, from the
-    # calibration's repeated seeds) times the kind's mean final stands in, and says so.
-    stand_in = [f for f in kinds if sigmas[f] is None and predictor.seed_noise is not None]
-    for f in stand_in:
-        mean_final = float(np.mean([finals[r] for k, ids in complete.items() if k[0] == f for r in ids]))
-        sigmas[f] = predictor.seed_noise * mean_final
-    rows: list[Row] = []
-    all_settings = settings(predictor, quick=quick)
-    for i, (key, runs) in enumerate(sorted(complete.items())):
-        for setting in all_settings:
-            row = score(key[0], key[1], setting, frame, runs, points, finals, sigmas[key[0]])
-            row.bank = config_path
-            rows.append(row)
-        print(f"  {Path(config_path).stem}: {key[0]} seed {key[1]}: {len(all_settings)} settings "
-              f"[{i + 1}/{len(complete)}, {time.monotonic() - started:.0f} s]", flush=True)
-    config = load_calibration_config(config_path)
-    n_params = sorted({int(v) for v in frame.loc[frame["run_id"].isin(points), "n_params"].dropna()}) \
-        if "n_params" in frame else []
-    meta = {"bank": config.bank, "n_replicates": len(complete), "n_runs": len(points),
-            "n_trials": max(len(v) for v in complete.values()), "kinds": kinds,
-            "seeds": sorted({k[1] for k in complete}), "n_params": n_params, "sigma_stand_in": stand_in,
-            "tpp": config.trainer.get("tokens_per_param"), "final_loss": FINAL_LOSS_DEFINITION,
-            "diagnostics": ranking_diagnostics(predictor, complete, points, finals)}
-    return Bank(config_path, rows, aggregate(rows), sigmas, missing, meta)
 
 
 def summary_table(banks: Sequence[Bank]) -> str:
