@@ -44,15 +44,22 @@ def test_too_few_widths_is_refused(monkeypatch, capsys):
 
 
 def test_predictors_as_they_ship_are_scored_per_width(tmp_path, monkeypatch, capsys):
-    # --predictors: no calibration; the shipped file predicts every ladder width as it is, and
-    # each row says whether that width is one of its calibrated sizes (issue 28).
+    # --predictors: no calibration; each file predicts every ladder width as it is, and each row
+    # says whether that width is one of its calibrated sizes (issue 28): the shipped predictor holds
+    # every ladder width (in-sample), a 0.1M predictor calibrated on other runs holds one.
     monkeypatch.chdir(REPO)
     md = tmp_path / "shipped.md"
-    assert _module().main(["--predictors", "hpo/data/predictors/default.json", "--md", str(md)]) == 0
-    rows = [line for line in md.read_text().splitlines() if line.startswith("|") and "%" in line]
-    widths = [cells[1].strip() for cells in (row.strip("|").split("|") for row in rows)]
-    assert widths[-1] == "all widths" and len(widths) == 7  # six ladder widths and the pool
-    calibrated = {cells[1].strip(): cells[2].strip() for cells in (row.strip("|").split("|") for row in rows)}
-    assert calibrated["100,672"] == "yes, other runs" and calibrated["1,198,176"] == "no"
+
+    def calibrated_column(predictor: str) -> dict[str, str]:
+        assert _module().main(["--predictors", predictor, "--md", str(md)]) == 0
+        rows = [line for line in md.read_text().splitlines() if line.startswith("|") and "%" in line]
+        cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+        assert [c[1] for c in cells][-1] == "all widths" and len(cells) == 7  # six ladder widths and the pool
+        return {c[1]: c[2] for c in cells[:-1]}
+
+    shipped = calibrated_column("hpo/data/predictors/default.json")
+    assert set(shipped.values()) == {"yes, these runs (in-sample)"}, shipped
+    one_size = calibrated_column("configs/predictors/reference_wide.json")
+    assert one_size["100,672"] == "yes, other runs" and one_size["1,198,176"] == "no"
     assert _module().main(["--predictors", str(tmp_path / "none.json"), "--md", str(md)]) == 2
     assert "none.json: no such file" in capsys.readouterr().err
