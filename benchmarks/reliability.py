@@ -403,7 +403,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             results["kills"][code.label].append(kill_and_resume(folder, code, point))
     for code in codes:
         print(f"{code.label}: concurrent appends ...", flush=True)
-        module = code.root / "hpo" / "curve_bank.py"
+        module = next(m for m in (code.root / "hpo" / "trials" / "curve_bank.py", code.root / "hpo" / "curve_bank.py")
+                      if m.exists())  # moved into hpo/trials/ since issue 14
         results["appends"][code.label] = [concurrent_appends(module, code.root, 2, args.appends, 3),
                                           concurrent_appends(module, code.root, 2, 3, 6)]
     print("bad input ...", flush=True)
