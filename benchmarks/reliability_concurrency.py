@@ -387,8 +387,9 @@ def section(results: list[dict[str, Any]], ref: dict[str, Any], ref_answer: str,
     out = [SECTION, "", *([note, ""] if note else []),
            "One driver per output folder (an exclusive lock on `<folder>/.hpo.lock`, held by `hpo sweep`, "
            "`hpo resume` and `hpo calibrate`), and a trial whose Ray worker dies. Real processes: the tiny "
-           "sweep of the driver-kill section above, compared with its uninterrupted run by the same helpers (trial outcomes, rung "
-           "survivors, MLflow runs, compute with work trained twice counted twice); the calibrations fit the "
+           "sweep of the driver-kill section above, compared with its uninterrupted run by the same helpers "
+           "(trial outcomes, rung survivors, MLflow runs, compute with work trained twice counted twice); "
+           "the calibrations fit the "
            "example curves of the tests (`configs/curves/example_curves.csv`). The worker killed is the one "
            "training the trial the uninterrupted run's early answer names, found by its process title "
            "(`ray::…Trainable.train`) and its working directory (Ray Tune names it after the trial), once the "
