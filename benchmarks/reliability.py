@@ -1,6 +1,6 @@
 """Reliability under faults and bad input (issue 14): writes ``benchmarks/reliability.md``.
 
-Four measurements, each with the real CLI in real processes:
+Five measurements, each with the real CLI in real processes:
 
 1. **kill -9 of the driver, then ``hpo resume``**, at three points of the tiny sweep of the
    test suite (``tests/sweep_fixtures.tiny_sweep``: 4 LRs at fixed τ, sync rungs 0.2 / 0.4,
@@ -15,7 +15,10 @@ Four measurements, each with the real CLI in real processes:
 3. **The bad-input table** (``tests/bad_input_cases.py``, the same cases as
    ``tests/test_bad_input.py``): exit status, the one line printed, and whether anything was
    written.
-4. Scheduler cost: the table ``benchmarks/scheduler_cost.py --md benchmarks/scheduler_cost.md`` wrote
+4. **Concurrent drivers and a killed trial worker** (``benchmarks/reliability_concurrency.py``):
+   ``hpo resume`` while the sweep's driver runs, two ``hpo sweep`` / two ``hpo calibrate`` into one
+   folder at once, and SIGKILL of the Ray worker training a trial; each compared as in 1.
+5. Scheduler cost: the table ``benchmarks/scheduler_cost.py --md benchmarks/scheduler_cost.md`` wrote
    (quoted from that file, which says when and how it was measured).
 
 ``--baseline REV`` runs sections 1 and 2 also with the code of git revision REV (e.g. the
@@ -23,7 +26,8 @@ commit before this work), for a before/after comparison.
 
 Usage: ``python benchmarks/reliability.py [--baseline REV] [--md benchmarks/reliability.md]``
 (about 15 minutes on 2 busy cores; twice that with a baseline). ``--only-bad-input`` reruns
-section 3 alone (about two minutes) into the existing report.
+section 3 alone (about two minutes) into the existing report, ``--only-concurrency`` section 4
+(about five minutes).
 """
 
 from __future__ import annotations
@@ -319,6 +323,9 @@ def render(results: dict[str, Any]) -> str:
                          f"{a['unreadable']} of {a['repeats']}", a["writer_failures"]])
     out += [markdown_table(["code", "processes × appends", "repeats", "runs kept", "runs lost", "bank unreadable",
                             "writers that failed"], rows), ""]
+    from reliability_concurrency import section
+
+    out += section(results["concurrency"], ref, results["answer"])
     out += bad_input_section(results["bad_input"])
     out += ["## Scheduler cost", ""] + scheduler_cost_section() + [""]
     return "\n".join(out)
@@ -376,6 +383,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--md", type=Path, default=REPO_ROOT / "benchmarks" / "reliability.md")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
     parser.add_argument("--appends", type=int, default=40, help="appends per process in the bank test")
+    parser.add_argument("--only-concurrency", action="store_true",
+                        help="rerun only the concurrency / worker-kill section into the existing --md")
     parser.add_argument("--only-bad-input", action="store_true",
                         help="rerun only the bad-input table (and quote the scheduler cost) into the existing --md")
     args = parser.parse_args(argv)
@@ -385,6 +394,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.only_bad_input:
         refresh_bad_input(args.md, work)
         print(f"wrote the bad-input section of {args.md} ({time.perf_counter() - began:.0f} s)")
+        return 0
+    if args.only_concurrency:
+        from reliability_concurrency import refresh
+
+        refresh(args.md, work)
+        print(f"wrote the concurrency section of {args.md} ({time.perf_counter() - began:.0f} s)")
         return 0
     codes = [Code("this branch", REPO_ROOT)]
     if args.baseline:
@@ -401,9 +416,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             folder = work / f"kill-{code.label.split()[0]}-{i}"
             folder.mkdir(parents=True, exist_ok=True)
             results["kills"][code.label].append(kill_and_resume(folder, code, point))
+    from reliability_concurrency import answer_of, run_section
+
+    print("concurrent drivers and a killed trial worker ...", flush=True)
+    results["answer"] = answer_of(work / "uninterrupted" / "out")
+    results["concurrency"] = run_section(work / "concurrency", codes[0], results["uninterrupted"], results["answer"])
     for code in codes:
         print(f"{code.label}: concurrent appends ...", flush=True)
-        module = code.root / "hpo" / "curve_bank.py"
+        module = next(m for m in (code.root / "hpo" / "trials" / "curve_bank.py", code.root / "hpo" / "curve_bank.py")
+                      if m.exists())  # moved into hpo/trials/ since issue 14
         results["appends"][code.label] = [concurrent_appends(module, code.root, 2, args.appends, 3),
                                           concurrent_appends(module, code.root, 2, 3, 6)]
     print("bad input ...", flush=True)
