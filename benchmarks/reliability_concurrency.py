@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-import reliability as rel
+import reliability_runs as rel
 from hpo.common.tables import markdown_table
 
 SECTION = "## Concurrent drivers and a killed trial worker"
