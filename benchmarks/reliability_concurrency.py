@@ -128,15 +128,19 @@ def _busy_line(rc: int, line: str, holder_pid: int, held: list[str], failed: lis
     (held if named else failed).append(f"{who} exit {rc}" + (", holder named" if named else f": {line[:120]}"))
 
 
+def _start_sweep(folder: Path, code: rel.Code) -> tuple[Path, Path, float, subprocess.Popen]:
+    """The tiny sweep's driver started in ``folder``: its config, output folder, start time, process."""
+    config = rel._sweep_config(folder, code)
+    began = time.perf_counter()
+    return config, folder / "out", began, _start(code, _cli("sweep", str(config)), folder)
+
+
 # ----------------------------------------------------------------------------- a. resume while the driver runs
 
 
 def resume_while_running(folder: Path, code: rel.Code, ref: dict[str, Any]) -> dict[str, Any]:
     """``hpo resume`` on the folder of a running ``hpo sweep``, once its trials train."""
-    config = rel._sweep_config(folder, code)
-    output = folder / "out"
-    began = time.perf_counter()
-    driver = _start(code, _cli("sweep", str(config)), folder)
+    config, output, began, driver = _start_sweep(folder, code)
     held: list[str] = []
     failed: list[str] = []
     try:
@@ -153,8 +157,8 @@ def resume_while_running(folder: Path, code: rel.Code, ref: dict[str, Any]) -> d
     (held if running else failed).append("driver still running after the refusal" if running
                                          else "the driver had ended before the resume answered")
     (held if rc1 == 0 else failed).append(f"driver exit {rc1}" + ("" if rc1 == 0 else f": {tail[:100]}"))
-    (held if _sha(output / "sweep.yaml") == before else failed).append(
-        "sweep.yaml " + ("unchanged" if _sha(output / "sweep.yaml") == before else "changed"))
+    unchanged = _sha(output / "sweep.yaml") == before
+    (held if unchanged else failed).append("sweep.yaml " + ("unchanged" if unchanged else "changed"))
     _same_sweep(ref, output, held, failed)
     return {"case": "`hpo resume DIR` while `hpo sweep` runs on DIR", "exits": f"sweep {rc1}, resume {rc2}",
             "line": line, "held": held, "failed": failed, "seconds": time.perf_counter() - began}
@@ -313,10 +317,7 @@ def _worker_point(point: str, output: Path, label: str, min_step: int) -> Callab
 
 def kill_trial_worker(folder: Path, code: rel.Code, ref: dict[str, Any], ref_answer: str, point: str) -> dict:
     """SIGKILL the worker training the uninterrupted run's predicted best at ``point``; the sweep goes on."""
-    config = rel._sweep_config(folder, code)
-    output = folder / "out"
-    began = time.perf_counter()
-    driver = _start(code, _cli("sweep", str(config)), folder)
+    config, output, began, driver = _start_sweep(folder, code)
     held: list[str] = []
     failed: list[str] = []
     from trainers.config import TrainConfig, run_controls
