@@ -136,19 +136,21 @@ def test_the_band_is_saved_in_the_predictor_and_measured_by_calibrate(tmp_path):
     assert PRED.monitor_band.n_curves == 0 and "uncalibrated" in PRED.monitor_band.source
 
 
-def test_a_band_with_reference_curves_is_measured_without_each_run():
+def test_calibrate_measures_the_band_on_leave_one_out_refits():
     # Reference curves built from the calibration runs hold each run's own curve: judged
     # in-sample the band would shrink to the noise of an average containing the run, and clean
-    # runs of a user would alarm. Each run is judged against the references rebuilt without it.
+    # runs of a user would alarm. With the calibration's refits each run is judged by the refit
+    # that did not see it (the one the leave-one-out decision error used).
     from hpo.calibration.fit import monitor_band
-    from predictors.references import ReferenceCurves
+    from hpo.calibration.held_out import Method, Refits
 
     sized = dataclasses.replace(C, n_params=1e5)
     curves = [Curve(T, clean(s, noise=0.01), sized, {"name": f"run{s}"}) for s in range(6)]
-    pred = dataclasses.replace(PRED, references=ReferenceCurves.from_curves(curves))
-    band = monitor_band(curves, pred)
-    in_sample = calibrate_band(curves, pred)
-    assert band.n_curves == 6 and "leave-one-run-out" in band.source
+    refits = Refits(curves)
+    method = Method.of("reference curves", {}, references="hold")
+    band = monitor_band(curves, refits.predictor(range(6), method), refits, method)
+    in_sample = monitor_band(curves, refits.predictor(range(6), method))
+    assert band.n_curves == 6 and "leave-one-out refit" in band.source and "in-sample" in in_sample.source
     # Out of sample a run's residual is about the mean of the other five: x − mean₋ = (6/5)(x − mean),
     # so the spread is about 6/5 of the in-sample one (1.0 would mean the run judged itself).
     ratio = np.median(np.asarray(band.scale) / np.asarray(in_sample.scale))

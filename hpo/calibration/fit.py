@@ -85,7 +85,7 @@ def fit_and_report(
         if ranking is None:
             notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
                          "only one of η, B, λ at one TPP, size and seed)")
-    band = monitor_band(curves, predictor)
+    band = monitor_band(curves, predictor, refits, chosen.method) if measured else monitor_band(curves, predictor)
     if band is None:
         notes.append("monitor band not measured: fewer than 3 complete curves the predictor covers")
     else:
@@ -179,30 +179,27 @@ def _write_outputs(summary: dict[str, Any], curves: list, predictor: Any, predic
     atomic_write_text(predictor_path, predictor_json)
 
 
-def monitor_band(curves: list, predictor: Any) -> Any:
-    """The collapse-residual noise band (``predictors.monitor``) of the clean calibration curves
-    against the fitted predictor: the predictor's ``monitor`` section. None when fewer than 3
-    curves are covered (scripts/add_monitor_band.py adds the same section to a shipped file).
+def monitor_band(curves: list, predictor: Any, refits: Optional[held_out.Refits] = None,
+                 method: Optional[held_out.Method] = None) -> Any:
+    """The collapse-residual noise band (``predictors.monitor``) of the clean calibration curves:
+    the predictor's ``monitor`` section. None when fewer than 3 curves are covered.
 
-    With reference curves (a size method other than the surrogate) each run is judged against
-    the references rebuilt without it: in-sample its own curve is part of its reference and the
-    band shrinks to the noise of an average that contains the run (measured on the shipped bank:
-    13/116 false alarms on clean in-range runs against an in-sample band). The surrogate's five
-    parameters stay fitted on every run (in-sample; five parameters over ≥ 50 runs)."""
+    With the calibration's ``refits`` and chosen ``method`` each run is judged by its
+    leave-one-out refit (the cached one the decision error used), so the band is the residual
+    of a run the predictor has not seen: in-sample a run is part of its own reference curves and
+    the band shrinks to the noise of an average containing it (measured on the shipped bank: 13/116
+    false alarms on clean in-range runs). Without them, against ``predictor`` itself (in-sample)."""
     from predictors.monitor import calibrate_band
-    from predictors.references import ReferenceCurves
 
     reference: Any = predictor
     words = "residual against the fitted predictor (in-sample)"
-    if getattr(predictor, "references", None) is not None:
-        extrapolation = predictor.references.extrapolation
+    if refits is not None and method is not None:
+        index = {id(c): i for i, c in enumerate(refits.curves)}
 
-        def reference(curve: Any) -> Any:
-            others = [c for c in curves if c is not curve]
-            return dataclasses.replace(predictor, references=ReferenceCurves.from_curves(others, extrapolation=extrapolation))
+        def leave_one_out_refit(curve: Any) -> Any:
+            return refits.predictor([j for j in range(len(refits.curves)) if j != index[id(curve)]], method)
 
-        words = ("residual against the fitted predictor, its reference curves rebuilt without the run "
-                 "(leave-one-run-out)")
+        reference, words = leave_one_out_refit, "residual against each run's leave-one-out refit"
     try:
         return calibrate_band(curves, reference, source=f"{len(curves)} clean calibration curves, {words}")
     except ValueError:
