@@ -96,6 +96,23 @@ def test_mlflow_parent_and_children(finished_sweep: Path) -> None:
         else:
             assert "final_loss" not in child.data.metrics
     assert parents[0].data.tags.get("predicted_best.trial_id")
+    # The MLflow UI opens on the sweep: the experiment is model training (runs page, not the
+    # GenAI overview), children are named by their config, every scheduler setting is a param,
+    # and the parent's description and metrics hold the early answer and the rung table.
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
+    assert sorted(c.info.run_name for c in children) == ["lr=0.0025", "lr=0.01", "lr=0.04", "lr=0.16"]
+    parent = parents[0].data
+    for key in ("scheduler.margin_z", "scheduler.reduction_factor", "scheduler.tolerance", "scheduler.rungs"):
+        assert key in parent.params, key
+    answer = json.loads((finished_sweep / "predicted_best.json").read_text())
+    note = parent.tags["mlflow.note.content"]
+    assert f"trial {answer['trial_id']}" in note and "| rung t̂ |" in note
+    assert parent.tags["predicted_best.answer"].splitlines()[0] in note
+    assert parent.metrics["pick_predicted_final_loss"] == pytest.approx(answer["predicted_final_loss"])
+    assert 0 < parent.metrics["compute_used"] < 1
+    survivor = next(c for c in children if c.data.tags["status"] == "completed")
+    assert survivor.data.tags["trial_id"] == answer["trial_id"]  # the pick trained to the end
+    assert parent.metrics["pick_final_loss"] == pytest.approx(survivor.data.metrics["final_loss"], abs=1e-6)
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert "report" in artifacts and "scheduler_state.json" in artifacts
 

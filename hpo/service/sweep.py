@@ -364,7 +364,9 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     artifacts = artifact_location(config, output)
     tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
                            artifact_location=artifacts)
+    # Every scheduler setting is a param (two sweeps that differ only in margin_z differ in MLflow).
     params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
+              **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
         job_id = os.environ.get(JOB_ID_ENV)
@@ -427,7 +429,7 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     from ray.tune import ResultGrid
 
     from hpo.decisions.scheduler_state import TERMINAL_STATUSES
-    from hpo.reporting.report import write_report
+    from hpo.reporting.report import parent_table, pick_final_loss, write_report
 
     errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
     report = write_report(output, predictor=predictor)
@@ -444,6 +446,9 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
                                 "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
         except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
             pass
+    with contextlib.suppress(Exception):  # the answer and the rung table on the parent run's page
+        tracker.describe_sweep(report.early_answer, parent_table(report), report.compute_fraction,
+                               pick_final_loss(report))
     tracker.log_parent_artifacts([output / "report", output / STATE_FILE,
                                   output / "predicted_best.json", output / CONFIG_FILE])
     diverged = diverged_trials(state)
