@@ -351,3 +351,26 @@ def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
             value = n_params if position.axis == "n_params" else tpp
             out.append(HeldOutGroup(value, position, kinds))
     return tuple(out)
+
+
+def corpus_order_error(predictor: Predictor, curves: Sequence[Curve], corpora: Sequence[str],
+                       fractions: Sequence[float] = DECISION_FRACTIONS) -> Optional[Any]:
+    """The order error where users are: on corpora the predictor was not fitted on. Every sweep
+    of ``curves`` (banks of other corpora, ``corpus_banks``; complete runs) is predicted by
+    ``predictor`` as it ships, and each kind's pairs are scored as in :func:`ranking_error_table`
+    (probit scale, the blend :func:`choose_order` picks on these sweeps). Returns the
+    ``RankingError`` whose ``kinds`` the rule reads (None: no sweep), its source naming the corpora."""
+    from predictors.ranking import RankingError
+
+    curves = list(curves)
+    by_kind = ranking_groups(curves)
+    if not by_kind:
+        return None
+    fractions = tuple(float(s) for s in fractions)
+    truth = np.array([c.final_loss for c in curves], dtype=np.float64)
+    predicted = np.array([[prediction_at(predictor, c, s)[0] for c in curves] for s in fractions])
+    losses = rung_losses(curves, fractions)
+    kinds = {kind: x for kind, groups in by_kind.items()
+             if (x := _kind_error(lambda k, i: float(predicted[k, i]), truth, groups, fractions, losses)) is not None}
+    n = sum(len(g) for g in by_kind.values())
+    return RankingError(kinds, source=f"measured on {n} sweeps of other corpora than the fit's ({', '.join(corpora)})")
