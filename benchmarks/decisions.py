@@ -272,7 +272,8 @@ def leave_one_corpus_out(configs: Sequence[str], predictor: Predictor, fit_corpu
             for r in b.rows:
                 r.n_trials = b.meta["n_trials"]
         others = {k: [r for b in banks if b.meta["corpus"] == k for r in b.rows] for k in by_corpus if k != corpus}
-        chosen, why = select_default(others) if others else ("", "no other corpus")
+        chosen, why = select_default(others) if others else (
+            next((r.setting for r in banks[0].rows if r.default), ""), "no other corpus: the shipped default")
         out[corpus] = {"corpus": corpus, "banks": banks, "chosen": chosen, "why": why,
                        "order_from": ", ".join(sorted({bank_corpus(c) for c in order_banks})),
                        "rows": [r for b in banks if b.meta["corpus"] == corpus for r in b.rows]}
