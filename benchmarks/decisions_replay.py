@@ -111,7 +111,7 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
     for grace in ((0.1,) if quick else (0.1, 0.2, 0.3)):
         out.append(Setting("median", f"grace {grace:g}", lambda g=grace: MedianStoppingRule(
             metric="loss", mode="min", time_attr="train_fraction", grace_period=g, min_samples_required=3)))
-    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)):
+    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)):
         out.append(Setting("current-best", f"s {s:g}", scheduler(CurrentBestRule(), (s,))))
     for rungs in ([(0.1, 0.2)] if quick else [(0.1,), (0.2,), (0.1, 0.2), (0.1, 0.2, 0.3), (0.2, 0.3, 0.5)]):
         for z in ((2.0,) if quick else (1.0, 2.0, 3.0)):
@@ -146,7 +146,7 @@ def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[s
           points: dict[str, list[dict[str, Any]]], finals: dict[str, float], sigma: Optional[float]) -> Row:
     """One setting replayed on one replicate, scored: compute, pick, regret, within σ_seed, and
     whether the true best trained to the end (kept at every rung: the same test for every method)."""
-    from hpo.decisions.simulator import SimulatedSweep
+    from hpo.trials.simulator import SimulatedSweep
 
     best = min(runs, key=lambda r: (finals[r], r))
     sim = SimulatedSweep(setting.make(), {r: points[r] for r in runs}, n_workers=2)

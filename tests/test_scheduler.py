@@ -1276,7 +1276,7 @@ def test_sweep_within_the_tolerance_keeps_the_rule_survivors():
 # rung round at 10,000 trials); and the sweep ends as the definition says (same survivors and
 # stops as with the walks, checked call by call in the other tests' strict mode).
 def test_bookkeeping_is_not_quadratic_in_the_trials():
-    from hpo.decisions.simulator import SimulatedSweep
+    from hpo.trials.simulator import SimulatedSweep
 
     n = 600
     rng = random.Random(7)

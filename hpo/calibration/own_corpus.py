@@ -91,7 +91,7 @@ def plan(budget_s: float, tokens_per_second: float, tokens_per_param: float = 20
     for d_model, n_params in reversed(allowed):
         speed = tokens_per_second * probe_params / n_params
         per_run = tokens_per_param * n_params / speed + RUN_OVERHEAD_S
-        fits = int(max(budget_s - FIT_S, 0.0) * parallel // per_run)
+        fits = int(max(budget_s - FIT_S, 0.0) // per_run) * parallel  # whole rounds of `parallel` runs
         if fits >= MIN_RUNS or d_model == allowed[0][0]:
             runs = candidates[:max(0, min(fits, len(candidates)))]
             model = {"d_model": d_model, "n_layers": 2, "d_head": 32, "seq_len": 64, "base_d_model": 64,

@@ -312,13 +312,8 @@ def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
     :func:`swept_sizes` of its bank; None: the predictor's calibrated sizes), else on the TPP
     axis (a group at a calibrated scale adds nothing and is left out).
 
-    Why the swept sizes and not every calibrated size (issue 28): a size calibrated by a width
-    ladder (one TPP, one τ, no sweep) calibrates the loss level there, not the order of a sweep;
-    a λ sweep at such a size is a size transfer of the order measured at the swept sizes. Placed
-    on the TPP axis, its order error (0.39M at TPP 10: 14–28%) became the keep margin of every
-    sweep below the calibrated TPPs at the swept size, where the order is known far better
-    (0.1M at TPP 10: ≤ 2%). On the size axis it is evidence for sweeps off in size, as it was
-    before the ladder was pooled; with one swept size both rules agree."""
+    Why the swept sizes and not every calibrated size: docs/predictor.md ("The keep margin's
+    off-scale rule")."""
     from predictors.ranking import HeldOutGroup, Position
 
     curves = list(curves)

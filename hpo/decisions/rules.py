@@ -14,16 +14,11 @@ calibration and every benchmark apply (no Ray, no torch).
 * **The probability that the pick is the best**: :func:`probability_best`.
 * **Compute accounting**: :func:`compute_fraction`.
 
-The keep rule (paper §5: stop the trials whose *predicted* final loss is worse; issue 25: by
-the order that is known to rank no worse than current-best's): rank the trials with a
-prediction by the rung's score (:func:`score`: w·log P + (1 − w)·log L, the predicted final P
-and the loss at the rung L, w chosen per kind of sweep and fraction by ``hpo calibrate``; ties
-by the loss at the rung, then trial id); keep the best ⌈n/rf⌉ at an intermediate rung and the
-best one at the last, plus every trial whose score is within the margin z·σ − tolerance of the
-best, σ being the ranking scale of that order for that kind of sweep at that fraction
-(``predictors.ranking``): under that error model a stopped trial had a chance below Φ(−z) of
-ending better than the best, and keeping it could win at most the margin. Trials without a
-prediction are always kept (never stopped on no evidence) and do not count towards ⌈n/rf⌉.
+The keep rule's mechanics (:func:`keep_rule`): rank the trials with a prediction by the rung's
+score (:func:`score`: w·log P + (1 − w)·log L; ties by the loss at the rung, then trial id);
+keep the best ⌈n/rf⌉ at an intermediate rung and the best one at the last, plus every trial
+within the margin less the tolerance of the best. Which margin, and why: ``hpo.decisions.keep``.
+Trials without a prediction are always kept and do not count towards ⌈n/rf⌉.
 
 Example:
     >>> d = keep_rule([Candidate("a", 2.00, 2.3), Candidate("b", 2.03, 2.2), Candidate("c", 2.20, 2.4)],
