@@ -114,7 +114,7 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
     for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)):
         out.append(Setting("current-best", f"s {s:g}", scheduler(CurrentBestRule(), (s,))))
     for rungs in ([(0.1, 0.2)] if quick else [(0.1,), (0.2,), (0.1, 0.2), (0.1, 0.2, 0.3), (0.2, 0.3, 0.5)]):
-        for z in ((2.0,) if quick else (1.0, 2.0, 3.0)):
+        for z in (2.0,):
             out.append(Setting("paired-test", f"rungs {_rung_label(rungs)}, z {z:g}",
                                scheduler(PairedTestRule(z), rungs)))
     return out
