@@ -51,11 +51,15 @@ def test_early_answer_says_which_order_decided_and_why() -> None:
     # One line says which order ranked the last rung (predicted finals, the losses so far, or
     # a mix) and on which kind of sweep that order was measured the better one.
     text = early_answer_text(ANSWER)
-    assert re.search(r"ranked by the losses so far: on η at fixed τ sweeps the predictions were no better", text)
+    assert re.search(r"ranked by the losses so far: measured the better order on η at fixed τ sweeps$", text)
     text = early_answer_text({**ANSWER, "order": "predicted finals", "order_weight": 1.0, "kind": "lambda"})
-    assert "ranked by the predicted finals: on λ at fixed B and η sweeps they beat the losses so far" in text
+    assert "ranked by the predicted finals: measured the better order on λ at fixed B and η sweeps" in text
+    text = early_answer_text({**ANSWER, "order": "blend", "order_weight": 0.5})
+    assert "ranked by a blend of predicted finals and losses so far" in text
     text = early_answer_text({**ANSWER, "order": "predicted finals", "probability_best": None, "kind": "mixed"})
     assert "this kind of sweep" in text and "P(best): not stated" in text
+    text = early_answer_text({**ANSWER, "order_words": "ASHA: the top 1/rf by the loss at the rung"})
+    assert "ranked by the sweep's keep rule (ASHA: the top 1/rf by the loss at the rung)" in text
 
 
 def test_a_revised_answer_says_which_pick_it_replaces() -> None:

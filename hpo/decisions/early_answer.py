@@ -105,14 +105,17 @@ def order_line(answer: Mapping[str, Any]) -> Optional[str]:
         return None
     if "fixed margin" in str(answer.get("margin_text") or ""):
         return "ranked by the predicted finals (a fixed keep-margin was set)"
+    words = str(answer.get("order_words") or "")
+    if words and not words.startswith("order:"):  # another keep rule (scheduler.rule) decided
+        return f"ranked by the sweep's keep rule ({words})"
     label = SWEEP_KINDS.get(str(answer.get("kind")))
     kind = f"{label.split(' (')[0]} sweeps" if label else "this kind of sweep"
     weight = float(answer.get("order_weight") if answer.get("order_weight") is not None else 1.0)
-    if weight >= 1.0:
-        return f"ranked by the predicted finals: on {kind} they beat the losses so far"
-    if weight <= 0.0:
-        return f"ranked by the losses so far: on {kind} the predictions were no better"
-    return f"ranked by a mix of predicted finals and losses so far, the best mix on {kind}"
+    # Calibration chose the order (the predicted finals, the losses so far or a blend) that
+    # ordered held-out sweeps of this kind best: that measurement is the "why".
+    order_words = ("the predicted finals" if weight >= 1.0 else "the losses so far" if weight <= 0.0
+                   else "a blend of predicted finals and losses so far")
+    return f"ranked by {order_words}: measured the better order on {kind}"
 
 
 def early_answer_lines(answer: Mapping[str, Any]) -> list[str]:

@@ -31,8 +31,8 @@ from hpo.common.output_lock import hold_folder
 from hpo.decisions.scheduler_records import TrialStatus
 from hpo.common.overrides import ConfigError, read_yaml
 from hpo.trials.sweep_config import SweepConfig, load_sweep_config
-from hpo.tracking.uri import (TrackingUriError, check_tracking_uri, is_relative_sqlite, strip_credentials,
-                              use_credentials)
+from hpo.tracking.uri import (LOCAL_UI, TrackingUriError, check_tracking_uri, experiment_page, is_relative_sqlite,
+                              strip_credentials, use_credentials)
 from predictors.io import atomic_write_bytes, atomic_write_text
 
 STATE_FILE = "scheduler_state.json"
@@ -366,8 +366,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
                            artifact_location=artifacts)
     # Every scheduler setting is a param (two sweeps that differ only in margin_z differ in MLflow).
-    params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
-              **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
+    params = {"sweep": config.name, **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
         job_id = os.environ.get(JOB_ID_ENV)
@@ -463,8 +462,8 @@ def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> d
     """Where the sweep's MLflow records are and how to browse them (credentials stripped):
     what ``mlflow ui`` and ``hpo calibrate --from-mlflow`` need."""
     uri = strip_credentials(tracking_uri)
-    browse = (f"mlflow ui --backend-store-uri {uri}" if not uri.startswith(("http://", "https://"))
-              else f"open {uri}")
+    browse = (f"mlflow ui --backend-store-uri {uri}, then open {experiment_page(LOCAL_UI, experiment_id)}"
+              if not uri.startswith(("http://", "https://")) else f"open {experiment_page(uri, experiment_id)}")
     return {"tracking_uri": uri, "experiment": experiment, "experiment_id": experiment_id,
             "text": f"MLflow: {uri}, experiment '{experiment}' (id {experiment_id}); browse: {browse}; "
                     f"reuse these curves: hpo calibrate --from-mlflow {experiment_id} --tracking-uri {uri}"}

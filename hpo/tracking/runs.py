@@ -65,9 +65,9 @@ STOP_TAG = "collapse_hpo.stopped"
 PUBLISHED_DIR = "collapse_hpo"
 EARLY_ANSWER_ARTIFACT = f"{PUBLISHED_DIR}/early_answer.json"
 PROGRESS_ARTIFACT = f"{PUBLISHED_DIR}/progress.json"
-#: The experiment tag MLflow 3's UI reads to choose its landing page (``mlflow.experimentKind``:
-#: without it an experiment with no traces may open on the GenAI overview); a sweep is model
-#: training, so its experiment opens on the runs table.
+#: The experiment tag MLflow 3's UI reads to tell model training from GenAI work: a sweep is
+#: model training. (MLflow 3.17's UI, with its GenAI / Model training switch, goes by the URL
+#: instead: ``hpo.tracking.uri.experiment_page`` is the link every message prints.)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 #: The run description the MLflow UI shows on a run's page and in its runs table.
