@@ -28,6 +28,7 @@ from typing import Any, Optional
 import yaml
 
 from hpo.common.output_lock import hold_folder
+from hpo.common.paths import check_output_dir
 from hpo.decisions.scheduler_records import TrialStatus
 from hpo.common.overrides import ConfigError, read_yaml
 from hpo.trials.sweep_config import SweepConfig, load_sweep_config
@@ -173,16 +174,6 @@ def artifact_location(config: SweepConfig, output: Path) -> Optional[str]:
     return (output / "mlartifacts").as_uri()
 
 
-def _check_creatable(output: Path) -> None:
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"output_dir: {output} exists and is not a directory")
-    ancestor = output
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir: cannot create {output} ({ancestor} is not a writable directory)")
-
-
 def preflight_portable(config: SweepConfig) -> None:
     """The checks of :func:`preflight_sweep` that hold on any machine: the predictor file loads
     and the tracking URI works. ``hpo submit`` runs them (after the same ``load_sweep_config``)
@@ -195,8 +186,8 @@ def preflight_portable(config: SweepConfig) -> None:
 def preflight_sweep(config: SweepConfig) -> Path:
     """Every check of a new sweep that needs no write; returns the output directory."""
     preflight_portable(config)
+    check_output_dir(config.output_given(), "output_dir")  # empty, a dangling link, a file, not writable
     output = config.output_path()
-    _check_creatable(output)
     held = [m for m in SWEEP_MARKERS if (output / m).exists()]
     if held and not _started(config, output) and not _changed_fields(config, output):
         return output  # an earlier start of this very sweep failed before Ray saved anything: start again
