@@ -394,6 +394,8 @@ class SchedulerState:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise StateFileError(f"{path}: cannot read scheduler state: {exc}") from exc
+        except UnicodeDecodeError:
+            raise StateFileError(f"{path}: not a scheduler state file (not UTF-8 text; a binary file?)") from None
         state = cls.from_json(text, source=str(path))
         if json.loads(text).get("history_file"):
             HistoryLog(history_path(path)).replay_into(state)
