@@ -25,13 +25,8 @@ Ray Tune does not checkpoint scheduler state, so the scheduler persists its own
 (``hpo.decisions.scheduler_state``) to ``state_path`` and reloads it on construction and when unpickled
 (``Tuner.restore``): decided rungs stay decided, stopped trials stay stopped.
 
-Tested against Ray 2.60 (``TrialScheduler`` is a DeveloperAPI). Verified in its source:
-``stop_trial`` on a PAUSED/PENDING trial calls ``on_trial_remove`` re-entrantly (on a RUNNING
-one still saving, ``on_trial_complete``); PAUSED trials resume only through
-``choose_trial_to_run``; a ``done=True`` result never reaches ``on_trial_result``
-(``on_trial_complete`` gets it); ``on_trial_add`` is called again on restore and retry.
-Pitfall: ``TuneConfig(max_concurrent_trials=k)`` counts PAUSED trials as live, so in sync mode
-only k trials would exist at the first rung; limit concurrency with per-trial resources.
+Tested against Ray 2.60 (``TrialScheduler`` is a DeveloperAPI); the hook behaviour this relies
+on, verified in its source, is in ``docs/design.md`` ("The scheduler and Ray Tune").
 
 Example:
     >>> from hpo.data import default_predictor_path
