@@ -40,7 +40,7 @@ from hpo.decisions import rules
 from hpo.decisions.scheduler_contract import flat
 
 from hpo.decisions.scheduler_records import (  # noqa: F401 - the records are re-exported: one import for readers
-    DECISIONS, HALTED_STATUSES, TERMINAL_STATUSES, TRIAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
+    TERMINAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
     TrialStatus, _as_is, _plain_json, _str_keys, verdict)
 from predictors.curves import T_HAT_EPS
 from predictors.io import atomic_write_text, finite_or_none, json_safe  # noqa: F401 - finite_or_none re-exported
