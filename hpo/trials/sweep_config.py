@@ -26,7 +26,7 @@ from hpo.common.overrides import (
     format_validation_error,
     read_yaml,
 )
-from hpo.decisions.rules import DEFAULT_MARGIN_Z
+from hpo.decisions.rules import DEFAULT_MARGIN_Z, DEFAULT_RUNGS
 from predictors.equations import power_lines_tau
 from trainers.config import TrainConfig, refuse_bool_number
 
@@ -97,7 +97,7 @@ class SchedulerSettings(_Strict):
     """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
 
     mode: Literal["sync", "async", "audit"] = "sync"
-    rungs: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3])
+    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # hpo.decisions.rules
     reduction_factor: float = 2.0
     # "calibrated" (default): keep every trial whose predicted log-final is within margin_z
     # times the predictor's ranking scale (for this kind of sweep, at the rung) of the
