@@ -181,15 +181,17 @@ def _write_outputs(summary: dict[str, Any], curves: list, predictor: Any, predic
 
 def monitor_band(curves: list, predictor: Any, refits: Optional[held_out.Refits] = None,
                  method: Optional[held_out.Method] = None) -> Any:
-    """The collapse-residual noise band (``predictors.monitor``) of the clean calibration curves:
+    """The collapse-residual noise bands (``predictors.monitor``) of the clean calibration curves:
     the predictor's ``monitor`` section. None when fewer than 3 curves are covered.
 
-    With the calibration's ``refits`` and chosen ``method`` each run is judged by its
-    leave-one-out refit (the cached one the decision error used), so the band is the residual
-    of a run the predictor has not seen: in-sample a run is part of its own reference curves and
-    the band shrinks to the noise of an average containing it (measured on the shipped bank: 13/116
-    false alarms on clean in-range runs). Without them, against ``predictor`` itself (in-sample)."""
-    from predictors.monitor import calibrate_band
+    Predictor mode: with the calibration's ``refits`` and chosen ``method`` each run is judged
+    by its leave-one-out refit (the cached one the decision error used), so the band is that of
+    a run the predictor has not seen: in-sample a run is part of its own reference curves and
+    the band shrinks to the noise of an average containing it (measured on the shipped bank:
+    13/116 false alarms on clean in-range runs). Without them, against ``predictor`` itself
+    (in-sample). Reference mode (``band.reference``): each run against the runs of the same
+    controls and another seed (``predictors.monitor.pair_changes``); None without such pairs."""
+    from predictors.monitor import calibrate_band, calibrate_reference_band
 
     reference: Any = predictor
     words = "residual against the fitted predictor (in-sample)"
@@ -200,8 +202,11 @@ def monitor_band(curves: list, predictor: Any, refits: Optional[held_out.Refits]
             return refits.predictor([j for j in range(len(refits.curves)) if j != index[id(curve)]], method)
 
         reference, words = leave_one_out_refit, "residual against each run's leave-one-out refit"
+    pairs = calibrate_reference_band(curves, source="pairs of clean calibration runs of the same controls and "
+                                                     "different seeds, one judged against the other")
     try:
-        return calibrate_band(curves, reference, source=f"{len(curves)} clean calibration curves, {words}")
+        return calibrate_band(curves, reference, source=f"{len(curves)} clean calibration curves, {words}",
+                              reference_band=pairs)
     except ValueError:
         return None
 
