@@ -352,10 +352,10 @@ class MonitorResult:
         final_loss: L̂(T), the early-align divisor (NaN while the run is still before the window end).
         window: the alignment window used.
         status: ``"aligning"`` (not past the window end yet), ``"ok"`` or ``"alarm"``.
-        first_alarm: t̂ at which the alarm was raised (the grid point where S passed h), or None.
-        exceed_since: the CUSUM's change point (the last grid point where S was 0), or None.
+        first_alarm: t̂ at which the alarm was raised (the grid point where the GLR passed h), or None.
+        exceed_since: the start τ of the ramp whose GLR passed h (the change point), or None.
         direction: ``"above"`` (loss higher than the shape says) when alarmed, else None.
-        statistic: the CUSUM S at the newest judged grid point (0 before any).
+        statistic: the GLR statistic at the newest judged grid point (0 before any).
     """
 
     t_hat: np.ndarray
@@ -456,7 +456,7 @@ def monitor_curve(
 
     Example:
         A run on its reference shape is ok; the same run drifting up to +5% from t̂ = 0.5 alarms
-        once the CUSUM of its change (the flat uncalibrated σ = 1%) passes h:
+        once the ramp GLR on its change (the flat uncalibrated σ = 1%) passes h:
 
         >>> t = np.linspace(0.01, 1.0, 200)
         >>> ell = 1.0 + 0.5 * (1.0 - t) ** 2

@@ -202,6 +202,46 @@ def test_reference_mode_band_from_pairs_of_seeds():
     assert NoiseBand.from_dict(full.to_dict()) == full and full.for_reference == band
 
 
+def _wiggly(seed: int, amp: float = 0.006) -> np.ndarray:
+    """A clean run whose seed bends its shape slowly (a few smooth modes of ~0.6%), far more than
+    BAND's runs do: what another seed of a reference run brings."""
+    rng = np.random.default_rng(1000 + seed)
+    k = np.arange(1, 6)
+    phase, a = rng.uniform(0, 2 * np.pi, k.size), rng.normal(0, 1, k.size) / k
+    return clean(seed, final=1.8) * (1 + amp * (a[:, None] * np.sin(np.pi * k[:, None] * T + phase[:, None])).sum(0))
+
+
+def test_hpo_monitor_reference_band_from_the_reference_runs(tmp_path, capsys):
+    # With >= 2 reference runs of a run's controls, --reference judges it with their own spread:
+    # clean runs of other seeds stay inside it, while the stored band (BAND: runs far less
+    # bent) alarms on most of them; a drift from t̂ 0.5 is still caught after it starts.
+    import json
+
+    import pandas as pd
+
+    from hpo.service.cli import main
+
+    predictor = dataclasses.replace(PRED, monitor=BAND).save(tmp_path / "p.json")
+    runs = [row for s in range(8) for row in _curve_rows(f"clean{s}", T, _wiggly(s), seed=s)]
+    runs += _curve_rows("drift", T, drift(_wiggly(9), 0.5, 0.08), seed=9)
+    pd.DataFrame(runs).to_csv(tmp_path / "runs.csv", index=False)
+    refs = [row for s in (100, 101) for row in _curve_rows(f"ref{s}", T, _wiggly(s), seed=s)]
+    pd.DataFrame(refs).to_csv(tmp_path / "refs.csv", index=False)
+    assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
+                 "--reference", str(tmp_path / "refs.csv"), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert all("spread of the reference runs (2" in r["band"] for r in rows.values())
+    assert sum(rows[f"clean{s}"]["alarm"] for s in range(8)) <= 1
+    assert rows["drift"]["alarm"] and 0.5 < rows["drift"]["first_alarm_train_fraction"] < 0.8
+    # One reference run: no spread to measure, the stored band judges (and is too narrow here).
+    pd.DataFrame(refs[: len(T)]).to_csv(tmp_path / "one_ref.csv", index=False)
+    assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
+                 "--reference", str(tmp_path / "one_ref.csv"), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert all(r["band"].startswith("stored reference-mode band") for r in rows.values())
+    assert sum(rows[f"clean{s}"]["alarm"] for s in range(8)) >= 4
+
+
 def test_the_shipped_predictor_carries_a_band():
     from hpo.data import default_predictor_path
 
