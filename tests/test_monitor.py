@@ -249,6 +249,9 @@ def test_the_shipped_predictor_carries_a_band():
     band = pred.monitor_band
     assert band.n_curves >= 50 and band.window == MONITOR_WINDOW
     assert 0.002 < min(band.scale) <= max(band.scale) < 0.05
+    # Reference mode: pairs of calibration runs of the same controls and another seed.
+    ref = band.for_reference
+    assert ref is not band and ref.n_curves >= 20 and set(ref.center) == {0.0}
 
 
 def _curve_rows(run_id, t, y, **extra):
