@@ -624,15 +624,21 @@ def pair_changes(
     grid: Sequence[float] = BAND_GRID, objective: str = "log", max_partners: int = 3,
 ) -> np.ndarray:
     """d(t̂) on ``grid`` of each complete curve against each of up to ``max_partners`` other
-    curves with the same controls (:func:`same_controls`) and not the same seed (``meta["seed"]``;
-    runs of one seed share their data order, so they would understate the spread): the
-    variation a reference run of another seed brings. Shape (ordered pairs, grid)."""
+    curves with the same controls (:func:`same_controls`), the same corpus (``meta["corpus_hash"]``
+    where both carry one) and not the same seed (``meta["seed"]``; runs of one seed share their
+    data order, so they would understate the spread): the variation a reference run of another
+    seed brings. Shape (ordered pairs, grid)."""
     done = [c for c in curves if float(c.t_hat[-1]) >= 0.99]
+
+    def differs(a: Any, b: Any, key: str) -> bool:
+        x, y = a.meta.get(key), b.meta.get(key)
+        return x not in (None, "") and y not in (None, "") and str(x) != str(y)
+
     rows = []
     for i, curve in enumerate(done):
-        seed = curve.meta.get("seed")
         partners = [c for j, c in enumerate(done) if j != i and same_controls(curve, c)
-                    and (seed is None or c.meta.get("seed") is None or str(c.meta.get("seed")) != str(seed))]
+                    and not differs(curve, c, "corpus_hash")
+                    and (curve.meta.get("seed") is None or c.meta.get("seed") is None or differs(curve, c, "seed"))]
         for partner in partners[:max_partners]:
             ref = (np.asarray(partner.t_hat, dtype=float), np.asarray(partner.loss, dtype=float) / float(partner.loss[-1]))
             rows.append(band_changes([curve], lambda _c, r=ref: r, rule=rule, window=window, grid=grid,

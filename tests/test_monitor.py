@@ -167,6 +167,32 @@ def test_calibrate_measures_the_band_on_leave_one_out_refits():
     assert 1.1 < ratio < 1.5, ratio
 
 
+def test_calibrate_band_takes_in_the_runs_of_other_corpora():
+    # A corpus whose curves bend away from the predictor's shape after the window: a band of the
+    # calibration corpus alone alarms on its clean runs; with that corpus's runs (corpus_banks)
+    # in the band they stay inside it. Reference-mode pairs never cross corpora.
+    from hpo.calibration.fit import monitor_band
+    from predictors.monitor import pair_changes
+
+    sized = dataclasses.replace(C, n_params=1e5)
+    bend = 1.0 + 0.02 * np.clip((T - 0.4) / 0.6, 0.0, 1.0)
+
+    def runs(corpus, seeds, shape=1.0):
+        return [Curve(T, clean(s, noise=0.004) * shape, sized, {"name": f"{corpus}{s}", "seed": s % 3,
+                                                                  "corpus_hash": corpus}) for s in seeds]
+
+    home, other = runs("a", range(6)), runs("b", range(6, 12), bend)
+    alone = monitor_band(home, PRED)
+    pooled = monitor_band(home, PRED, corpus_curves=other)
+    assert pooled.n_curves == 12 and "6 clean runs of other corpora" in pooled.source
+    fresh = [clean(s, noise=0.004) * bend for s in range(40, 46)]
+    assert sum(monitor_curve(T, y, PRED, sized, band=alone).alarm for y in fresh) >= 5
+    assert sum(monitor_curve(T, y, PRED, sized, band=pooled).alarm for y in fresh) <= 1
+    # 6 runs per corpus, 2 per seed: each run has 4 partners of another seed in its own corpus (3 kept).
+    assert pair_changes(home + other).shape[0] == 12 * 3
+    assert pair_changes(home + other, max_partners=10).shape[0] == 12 * 4
+
+
 def test_the_threshold_holds_its_stated_false_alarm_rate_on_gaussian_runs():
     # h is the (1 − rate) quantile of the GLR's maximum over Gaussian z paths with the band's
     # correlation; fresh paths (another seed) of that correlation alarm at about that rate.
