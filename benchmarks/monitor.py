@@ -321,7 +321,9 @@ def tables(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
              f"t̂ [{DRIFT_START}, {CAUGHT_BY}], in ≥ 90% of the cell's runs. σ_r, σ_d: standard deviation over the "
              "cell's clean runs of the residual r and of its change d after the window, at t̂ 0.8. "
              "\"× σ_d\": the smallest drift's size at t̂ 0.8 (0.6 x) over σ_d (target ≤ 3). Peer columns: their "
-             "false alarms / smallest drift caught.", "",
+             "false alarms / smallest drift caught. \"(calibration runs)\": runs the shipped predictor was fitted on; "
+             "its reference curves contain them, so in predictor mode those cells are in-sample (a run alone at its "
+             "controls is judged against itself: σ_d ~0); the other cells are held out.", "",
              "| cell | runs | false alarms | σ_r(0.8) | σ_d(0.8) | smallest drift | × σ_d | LOCO band: false alarms "
              "| smallest | × σ_d | " + " | ".join(n for n in NAMES[1:]) + " |", "|---|" + "---|" * (9 + len(NAMES) - 1)]
     for cell in cells:
@@ -408,7 +410,8 @@ def real_faults(predictor: Predictor) -> list[str]:
 
 
 def figure(summary: dict[str, Any], path: Path) -> None:
-    """Share of runs caught by t̂ 0.8 against the drift in units of σ_d, one line per cell."""
+    """Share of runs caught by t̂ 0.8 against the drift in units of σ_d, one line per cell of
+    ≥ 5 runs (held-out cells only in predictor mode)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -419,13 +422,17 @@ def figure(summary: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(18, 5), dpi=100, sharey=True)
     for ax, (prefix, title) in zip(axes, panels):
         cells = [c for c in sorted(summary) if (c.split(": ")[0] + ": " if ": " in c else "") == prefix]
-        for k, cell in enumerate(cells):
+        k = 0
+        for cell in cells:
             s = summary[cell]
-            if not s.get("sigma_d") or s["runs"] < 5:
+            # The predictor's reference curves hold the calibration runs themselves: in predictor
+            # mode those cells are in-sample (σ_d ~0 where a run is alone at its controls).
+            if not s.get("sigma_d") or s["runs"] < 5 or (prefix != "reference: " and "calibration runs" in cell):
                 continue
             x = [0.6 * a / 100 / s["sigma_d"] for a in DRIFTS]
             ax.plot(x, [100 * s["share"][f"{a:g}"] for a in DRIFTS], marker="o", ms=3, color=f"C{k % 10}",
                     label=f"{cell.removeprefix(prefix)} ({s['runs']})")
+            k += 1
         ax.axhline(90, color="0.5", ls=":")
         ax.axvline(3, color="tab:red", ls=":", lw=1)
         ax.set_xscale("log")
