@@ -246,3 +246,11 @@ def test_debug_string_states_the_default_margin_z():
     state.settings = {"rungs": [0.1], "decision_mode": "sync", "margin": "calibrated"}
     assert f"calibrated, z={DEFAULT_MARGIN_Z:g}" in state.debug_string()
     assert DEFAULT_MARGIN_Z == 0.25
+
+
+def test_binary_state_file_names_the_file(tmp_path):
+    # `hpo resume` on a folder whose state file is binary: one line, not a UnicodeDecodeError.
+    path = tmp_path / "scheduler_state.json"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(StateFileError, match="scheduler_state.json: not a scheduler state file .*binary"):
+        SchedulerState.load(path)
