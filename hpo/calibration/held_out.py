@@ -125,6 +125,7 @@ class GroupPredictions:
         members: its curves (indices into the bank).
         predicted, residual: (len(fractions), len(members)); NaN where none was made.
         truth: (len(members),) true finals.
+        seen: the values on the axis the refit was calibrated on (empty where not recorded).
     """
 
     scheme: str
@@ -134,6 +135,7 @@ class GroupPredictions:
     predicted: np.ndarray
     residual: np.ndarray
     truth: np.ndarray
+    seen: tuple[float, ...] = ()
 
     def rel_errors(self) -> np.ndarray:
         return self.predicted / self.truth[None, :] - 1.0
@@ -340,7 +342,8 @@ def axis_predictions(
                         pr[k, col], rs[k, col] = prediction_at(predictor, curves[i], s)
                 if name == scheme:
                     predicted[:, members], residual[:, members] = pr, rs
-                out.append(GroupPredictions(name, values[j], position, tuple(members), pr, rs, truth[members]))
+                out.append(GroupPredictions(name, values[j], position, tuple(members), pr, rs, truth[members],
+                                              tuple(seen)))
         _tick(progress, f"{scheme} and extrapolation ({method.name})", step + 1, len(plans))
     return HeldOutPredictions(scheme, fractions, predicted, residual, truth, n, tuple(out))
 
