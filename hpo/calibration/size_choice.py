@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hpo.calibration.held_out import HeldOutPredictions, Method, Refits, axis_predictions
+from hpo.calibration.held_out import GroupPredictions, HeldOutPredictions, Method, Refits, axis_predictions
 from predictors import Curve
 from predictors.curves import curve_size
 from predictors.predictor import DECISION_FRACTIONS
@@ -54,10 +54,10 @@ CHOICE_NOISE_Z = 2.0
 #: Two predictions of one held-out curve within this relative distance of each other (at every
 #: judged s) coincide: that curve says nothing about which method is better (issue 37).
 COINCIDE_TOLERANCE = 1e-6
-#: Folds whose refit saw fewer sizes than this do not judge a size method: a refit on one size has
-#: no size trend to compare (the shipped calibration always spans two or more), and its
-#: extrapolations 4-16x away are so wrong for every method that their spread drowns the folds
-#: that do tell the methods apart.
+#: Folds whose refit saw fewer sizes than this do not judge a size method: the shipped calibration
+#: always spans two or more, and a refit on one has no size trend to compare; its extrapolations
+#: 4-16x away are so wrong for every method (the width ladder: 8-16% at s = 0.1) that their spread
+#: drowns the folds that do tell the methods apart.
 MIN_FOLD_SIZES = 2
 
 
@@ -188,14 +188,12 @@ def choose_size_method(
 
 def curve_errors(held: HeldOutPredictions) -> dict[tuple[str, float, float, int], tuple[float, np.ndarray]]:
     """Per held-out curve of every fold ((scheme, N, distance, curve index): leave-one-size-out
-    and the extrapolations from ``MIN_FOLD_SIZES`` or more sizes), (its error: the mean over s ≤ 0.3 of |relative error of the
+    and the extrapolations: :func:`judging_groups`), (its error: the mean over s ≤ 0.3 of |relative error of the
     predicted final|, NaN where none was predicted; its predictions relative to the truth at
     those s)."""
     judged = [k for k, s in enumerate(held.fractions) if s <= CHOICE_FRACTIONS_MAX + 1e-9]
     out = {}
-    for g in held.groups:
-        if g.seen and len(g.seen) < MIN_FOLD_SIZES:
-            continue
+    for g in judging_groups(held):
         rel = g.rel_errors()[judged]
         for col, i in enumerate(g.members):
             r = rel[:, col]
@@ -203,6 +201,13 @@ def curve_errors(held: HeldOutPredictions) -> dict[tuple[str, float, float, int]
             out[(g.scheme, float(g.value), float(g.position.distance), int(i))] = (
                 float(np.mean(np.abs(r[ok]))) if ok.any() else float("nan"), r)
     return out
+
+
+def judging_groups(held: HeldOutPredictions) -> list[GroupPredictions]:
+    """The folds of ``held`` that judge a size method: those whose refit saw ``MIN_FOLD_SIZES``
+    or more sizes (every fold where none did: a bank of two sizes)."""
+    enough = [g for g in held.groups if not g.seen or len(g.seen) >= MIN_FOLD_SIZES]
+    return enough or list(held.groups)
 
 
 def size_score(held: HeldOutPredictions) -> float:
