@@ -161,7 +161,10 @@ def keep_set(predictor: Predictor, views: Mapping[str, RunView], candidates: Seq
         cands.append(rules.Candidate(r, p.final_loss, p.loss, p.uncertainty))
     m = rules.rung_margin(predictor, s, [views[r].sweep_values for r in candidates],
                           [views[r].controls for r in candidates], z=margin_z)
-    return rules.decide(cands, m, last=True, reduction_factor=2)
+    from hpo.decisions.keep import CollapseRule, RungEvidence, TrialEvidence
+
+    return CollapseRule(margin_z).decide(RungEvidence.of(m, s, last=True, reduction_factor=2,
+                                                         trials=[TrialEvidence(c) for c in cands]))
 
 
 def reaches(view: RunView, fraction: float) -> bool:

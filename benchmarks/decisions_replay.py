@@ -27,7 +27,7 @@ from hpo.decisions import rules
 from hpo.calibration.calibrate import load_calibration_config
 from hpo.trials.curve_bank import load_bank
 from hpo.common.overrides import ConfigError
-from hpo.trials.replay import current_best_at, run_points, seed_noise, true_finals
+from hpo.trials.replay import run_points, seed_noise, true_finals
 from predictors import Predictor
 from predictors.kinds import SWEEP_KINDS
 
@@ -40,8 +40,7 @@ class Setting:
 
     method: str
     label: str
-    make: Optional[Callable[[], Any]] = None  # a fresh scheduler (None: current-best)
-    fraction: Optional[float] = None  # current-best@s
+    make: Callable[[], Any]  # a fresh scheduler
     default: bool = False
 
 
@@ -60,51 +59,64 @@ class Row:
     best: str
     within_noise: Optional[bool]
     picked_best: bool
-    best_kept: Optional[bool] = None  # collapse: the true best survived every decided rung
+    best_kept: Optional[bool] = None  # the true best trained to the end (survived every rung)
     note: str = ""
     bank: str = ""
+    n_trials: int = 0
+
+
+def _rung_label(rungs: Sequence[float]) -> str:
+    return "/".join(f"{r:g}" for r in rungs)
 
 
 def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
-    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
+    """Every method's settings, each a fresh scheduler per replicate. The keep rules
+    (``hpo.decisions.keep``: collapse, ASHA, current-best, the paired test) all run in
+    ``CollapseScheduler`` (sync), so one harness replays them the same way; median stopping is
+    Ray's own ``MedianStoppingRule`` (it is not a rung rule)."""
+    from ray.tune.schedulers import MedianStoppingRule
 
+    from hpo.decisions.keep import AshaRule, CollapseRule, CurrentBestRule, PairedTestRule
     from hpo.decisions.scheduler import CollapseScheduler
     from hpo.trials.sweep_config import SchedulerSettings
 
     default = SchedulerSettings()
+
+    def scheduler(rule: Any, rungs: Sequence[float], rf: float = 2.0) -> Callable[[], Any]:
+        return lambda: CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(rungs),
+                                         reduction_factor=rf, margin="calibrated", decision_mode="sync", rule=rule)
+
     out: list[Setting] = []
-    rung_sets = [(0.1,), (0.2,), (0.3,), (0.05, 0.1, 0.2), (0.1, 0.2), (0.2, 0.3), (0.1, 0.2, 0.3), (0.1, 0.3, 0.5),
-                 (0.1, 0.2, 0.3, 0.5)]
-    zs = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
-    rfs = (2.0, 3.0)
+    rung_sets = [(0.1,), (0.2,), (0.3,), (0.05, 0.1, 0.2), (0.1, 0.2), (0.1, 0.2, 0.3), (0.1, 0.3, 0.5),
+                 (0.2, 0.3, 0.5)]
+    zs, rfs, reads = (0.0, 0.25, 0.5, 1.0, 2.0), (2.0,), (True, False)
     if quick:
         rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.margin_z), (default.reduction_factor,)
     for rungs in rung_sets:
         for z in zs:
             for rf in rfs:
-                if len(rungs) == 1 and rf != rfs[0]:
-                    continue  # rf only matters with an intermediate rung
-                is_default = (list(rungs) == list(default.rungs) and z == default.margin_z
-                              and rf == default.reduction_factor and default.margin == "calibrated")
-                out.append(Setting(
-                    "collapse", f"rungs {'/'.join(f'{r:g}' for r in rungs)}, z {z:g}, rf {rf:g}",
-                    lambda rungs=rungs, z=z, rf=rf: CollapseScheduler(
-                        predictor=predictor, metric="loss", mode="min", rungs=rungs, reduction_factor=rf,
-                        margin="calibrated", margin_z=z, decision_mode="sync"),
-                    default=is_default))
+                for read in reads:
+                    if (len(rungs) == 1 and rf != rfs[0]) or (z == 0 and not read):
+                        continue  # rf only matters with an intermediate rung; z 0 reads nothing
+                    is_default = (list(rungs) == list(default.rungs) and z == default.margin_z and read
+                                  and rf == default.reduction_factor and default.margin == "calibrated")
+                    out.append(Setting("collapse", f"rungs {_rung_label(rungs)}, z {z:g}, rf {rf:g}"
+                                       + ("" if read else ", calibrated σ only"),
+                                       scheduler(CollapseRule(z, read_sweep=read), rungs, rf), default=is_default))
     for grace in ((0.1,) if quick else (0.05, 0.1, 0.2, 0.3)):
         for rf in ((2,) if quick else (2, 3, 4)):
-            out.append(Setting("asha", f"grace {grace:g}, rf {rf}", lambda g=grace, rf=rf: ASHAScheduler(
-                metric="loss", mode="min", time_attr="train_fraction", max_t=1.0, grace_period=g,
-                reduction_factor=rf)))
+            rungs = [grace * rf ** k for k in range(8) if grace * rf ** k < 0.99]
+            out.append(Setting("asha", f"rungs {_rung_label(rungs)} (grace {grace:g}, rf {rf})",
+                               scheduler(AshaRule(), rungs, rf)))
     for grace in ((0.1,) if quick else (0.1, 0.2, 0.3)):
         out.append(Setting("median", f"grace {grace:g}", lambda g=grace: MedianStoppingRule(
             metric="loss", mode="min", time_attr="train_fraction", grace_period=g, min_samples_required=3)))
-    for rf in (() if quick else (2, 3)):
-        out.append(Setting("hyperband", f"rf {rf}", lambda rf=rf: HyperBandScheduler(
-            metric="loss", mode="min", time_attr="train_fraction", max_t=1.0, reduction_factor=rf)))
-    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)):
-        out.append(Setting("current-best", f"s {s:g}", fraction=s))
+    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)):
+        out.append(Setting("current-best", f"s {s:g}", scheduler(CurrentBestRule(), (s,))))
+    for rungs in ([(0.1, 0.2)] if quick else [(0.1,), (0.2,), (0.1, 0.2), (0.1, 0.2, 0.3), (0.2, 0.3, 0.5)]):
+        for z in (2.0,):
+            out.append(Setting("paired-test", f"rungs {_rung_label(rungs)}, z {z:g}",
+                               scheduler(PairedTestRule(z), rungs)))
     return out
 
 
@@ -132,30 +144,23 @@ def replicates(config_path: str) -> tuple[Any, dict[tuple[str, int], list[str]],
 
 def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[str],
           points: dict[str, list[dict[str, Any]]], finals: dict[str, float], sigma: Optional[float]) -> Row:
-    from hpo.decisions.simulator import SimulatedSweep
+    """One setting replayed on one replicate, scored: compute, pick, regret, within σ_seed, and
+    whether the true best trained to the end (kept at every rung: the same test for every method)."""
+    from hpo.trials.simulator import SimulatedSweep
 
     best = min(runs, key=lambda r: (finals[r], r))
-    if setting.fraction is not None:
-        outcome = current_best_at(frame, runs, setting.fraction, finals=finals)
-        reached, note, best_kept = outcome.reached, "", None
-    else:
-        scheduler = setting.make()
-        sim = SimulatedSweep(scheduler, {r: points[r] for r in runs}, n_workers=2)
-        try:
-            result = sim.run()
-        except Exception as exc:  # noqa: BLE001 - a scheduler that cannot run here is reported, not fatal
-            return Row(family, seed, setting.method, setting.label, setting.default, math.nan, None, None, best,
-                       None, False, note=f"{type(exc).__name__}: {exc}")
-        reached, note = result.reached, ""
-        best_kept = None
-        if setting.method == "collapse":
-            best_kept = all(best in rung.survivors for rung in scheduler.state.rungs if rung.decided)
+    sim = SimulatedSweep(setting.make(), {r: points[r] for r in runs}, n_workers=2)
+    try:
+        reached = sim.run().reached
+    except Exception as exc:  # noqa: BLE001 - a scheduler that cannot run here is reported, not fatal
+        return Row(family, seed, setting.method, setting.label, setting.default, math.nan, None, None, best,
+                   None, False, note=f"{type(exc).__name__}: {exc}")
     done = [r for r in runs if rules.is_finished(reached.get(r, 0.0))]
     pick = min(done, key=lambda r: (finals[r], r)) if done else None
     regret = None if pick is None else finals[pick] - finals[best]
     return Row(family, seed, setting.method, setting.label, setting.default, rules.compute_fraction(reached),
                regret, pick, best, None if regret is None or sigma is None else regret <= sigma + 1e-12,
-               pick == best, best_kept, note)
+               pick == best, best in done)
 
 
 @dataclass
@@ -235,6 +240,39 @@ def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], li
     return rows
 
 
+def corpus_name(trainer: dict[str, Any]) -> str:
+    """A bank's corpus in a word: ``stdlib``, else the last part of its directory."""
+    corpus = str((trainer.get("data") or {}).get("corpus", "stdlib"))
+    return corpus if corpus == "stdlib" else Path(corpus).name or corpus
+
+
+def bank_corpus(config_path: str) -> str:
+    return corpus_name(load_calibration_config(config_path).trainer)
+
+
+def with_order_error_from(predictor: Predictor, config_paths: Sequence[str]) -> Predictor:
+    """``predictor`` with the order error the keep rule reads measured on these banks' sweeps
+    (``hpo.calibration.ranking_error.corpus_order_error``: banks of corpora other than the fit's
+    and the held-out one); kinds they do not sweep keep the predictor's own."""
+    import dataclasses
+
+    from hpo.calibration.ranking_error import corpus_order_error
+    from hpo.calibration.fit import complete_curves
+    from hpo.trials.curve_bank import bank_curves
+
+    curves = []
+    for c in config_paths:
+        frame, complete, _ = replicates(c)
+        ids = {r for v in complete.values() for r in v}
+        curves += bank_curves(frame[frame["run_id"].isin(ids)])
+    across = corpus_order_error(predictor, complete_curves(curves)[0], sorted({bank_corpus(c) for c in config_paths}))
+    if across is None or predictor.ranking_error is None:
+        return predictor
+    table = predictor.ranking_error
+    return dataclasses.replace(predictor, ranking_error=dataclasses.replace(
+        table, kinds={**table.kinds, **across.kinds}, source=across.source))
+
+
 @dataclass
 class Bank:
     """One held-out bank replayed: its rows, aggregates, seed noise and what was missing."""
@@ -280,7 +318,7 @@ def replay_bank(config_path: str, predictor: Predictor, *, quick: bool, families
     config = load_calibration_config(config_path)
     n_params = sorted({int(v) for v in frame.loc[frame["run_id"].isin(points), "n_params"].dropna()}) \
         if "n_params" in frame else []
-    meta = {"bank": config.bank, "n_replicates": len(complete), "n_runs": len(points),
+    meta = {"bank": config.bank, "corpus": corpus_name(config.trainer), "n_replicates": len(complete), "n_runs": len(points),
             "n_trials": max(len(v) for v in complete.values()), "kinds": kinds,
             "seeds": sorted({k[1] for k in complete}), "n_params": n_params, "sigma_stand_in": stand_in,
             "tpp": config.trainer.get("tokens_per_param"), "final_loss": FINAL_LOSS_DEFINITION,

@@ -2,7 +2,7 @@
 
 Each trial reports 50 results (t̂ = 0.02 … 1) of a synthetic curve (the shipped predictor's
 ℓ̂ times a final loss, τ drawn per trial); the sweep runs in sync mode with rungs 0.1/0.2/0.3
-and the default calibrated margin, through :class:`hpo.decisions.simulator.SimulatedSweep` (Ray's
+and the default calibrated margin, through :class:`hpo.trials.simulator.SimulatedSweep` (Ray's
 controller semantics) with 8 slots, ``state_path`` in a temporary directory (what ``hpo
 sweep`` always does). Every ``on_trial_result`` call is timed:
 
@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpo.decisions.scheduler import CollapseScheduler  # noqa: E402
-from hpo.decisions.simulator import SimulatedSweep  # noqa: E402
+from hpo.trials.simulator import SimulatedSweep  # noqa: E402
 from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 from predictors.io import atomic_write_text  # noqa: E402

@@ -289,17 +289,8 @@ class RankingError:
         scale at the :data:`NO_EVIDENCE` cap), only the losses compete: never keep-everyone for
         lack of calibration. Neither measured: the losses, scale unknown (⌈n/rf⌉ kept).
 
-        Why this is not the decision error's rule (``predictors.distance``), though both select
-        the held-out groups by :meth:`Position.analogous`: the decision error states the size
-        of the error of one predicted final (a band the user reads, and the size choice
-        compares), so it is the RMS the groups show at the run's distance (a trend in d², axes
-        adding in variance); a worst case there made bands 5–18× the errors (issue 28). This
-        scale is the keep margin, where understating it stops the best trial and overstating it
-        only keeps more: the worst case of the groups held out at least as far is the safe
-        side, and one entry (the hardest) must supply both the scale and the blend weight, so
-        positions do not add; a probit scale per kind also has too few groups per side to fit
-        a trend to. Beyond the range, only the groups on the sweep's side count where the table
-        records sides (issue 28; else both sides).
+        Why a worst case here and an RMS trend for the decision error: docs/predictor.md
+        ("The keep margin's off-scale rule").
 
         Example:
             >>> k = KindError((0.1,), (0.02,), (0.03,), (10,), (2,), agreement=(0.8,), loss_agreement=(0.9,),

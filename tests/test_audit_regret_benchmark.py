@@ -142,7 +142,7 @@ def test_ties_use_the_seed_band(report):
 def test_keep_set_is_the_schedulers(bank, s):
     from hpo.trials.replay import run_points
     from hpo.decisions.scheduler import CollapseScheduler
-    from hpo.decisions.simulator import SimulatedSweep
+    from hpo.trials.simulator import SimulatedSweep
 
     frame = load_bank(bank)
     runs = ["a1", "b1", "c1", "d1"]

@@ -207,7 +207,7 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     assert o.compute == pytest.approx(0.34) and rules.is_finished(reached["c"])
     # The offline simulator (what the decision benchmark runs) makes the same decisions on the
     # same curves: same keep set at every rung, same t̂ reached.
-    from hpo.decisions.simulator import SimulatedSweep
+    from hpo.trials.simulator import SimulatedSweep
 
     offline = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min", rungs=(0.1, 0.2, 0.3),
                                 reduction_factor=2, margin=0.0, decision_mode="sync")

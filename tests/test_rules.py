@@ -53,13 +53,6 @@ def test_everyone_is_kept_when_the_spread_is_within_the_margin() -> None:
     assert d.kept_all and set(d.kept) == {"a", "b", "c"} and "keeping everyone" in d.reasons["c"]
 
 
-def test_judge_arrival_against_recorded_predictions() -> None:
-    # The first prediction at a rung continues; a later one is judged by the same rule.
-    assert rules.judge_arrival([], _c("a", 1.0), last=True, reduction_factor=2, margin=0.0)[0]
-    keep, reason = rules.judge_arrival([_c("a", 1.0)], _c("b", 1.05), last=True, reduction_factor=2, margin=0.02)
-    assert not keep and "beyond the margin" in reason
-
-
 @pytest.mark.parametrize("values, kind", [
     ([{"eta": 0.01, "batch_size": 2048, "tau": 0.3}, {"eta": 0.02, "batch_size": 2048, "tau": 0.3}], "eta_fixed_tau"),
     ([{"eta": 0.01, "batch_size": 1024, "tau": 0.3}, {"eta": 0.01, "batch_size": 2048, "tau": 0.3}], "batch_fixed_tau"),

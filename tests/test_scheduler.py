@@ -1276,7 +1276,7 @@ def test_sweep_within_the_tolerance_keeps_the_rule_survivors():
 # rung round at 10,000 trials); and the sweep ends as the definition says (same survivors and
 # stops as with the walks, checked call by call in the other tests' strict mode).
 def test_bookkeeping_is_not_quadratic_in_the_trials():
-    from hpo.decisions.simulator import SimulatedSweep
+    from hpo.trials.simulator import SimulatedSweep
 
     n = 600
     rng = random.Random(7)
@@ -1302,3 +1302,24 @@ def test_bookkeeping_is_not_quadratic_in_the_trials():
     assert all(rung.decided for rung in s.state.rungs) and len(outcome.completed) >= 1
     assert counts["walked"] <= 2 * n, counts  # the simulator's own start-up walk, not one per call
     assert counts["live"] <= 40 * n, counts
+
+
+# Asserts: a survivor whose pause checkpoint is still being written when its rung is decided
+# (Ray keeps it RUNNING until the save ends, and may ask for a trial to run meanwhile) is
+# still chosen once it is PAUSED: two trials reaching the rung together must not hang the sweep.
+def test_survivor_still_saving_its_pause_is_resumed():
+    s = sched(rungs=(0.2,))
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    for t in (a, b):
+        ctl.start(t)
+    for _ in range(3):
+        ctl.step(a)
+        ctl.step(b)
+    assert s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.2)) == PAUSE  # a saves; still RUNNING
+    ctl.pos["a"] = 4
+    assert s.choose_trial_to_run(ctl) is None  # nothing may run yet (a waits, b runs)
+    assert ctl.step(b) == STOP  # b decides the rung: a kept, b stopped
+    assert s.choose_trial_to_run(ctl) is None  # a is still RUNNING (its save has not ended)
+    a.set_status(Trial.PAUSED)  # the save ends: Ray applies the cached PAUSE
+    assert s.choose_trial_to_run(ctl) is a

@@ -61,6 +61,10 @@ class CalibrationConfig(BaseModel):
     # predictor as fitted predicts their sweeps, and the order error measured there is what a
     # sweep as far off the calibrated scale gets (issue 25). Their curves never enter the fit.
     ranking_banks: list[str] = Field(default_factory=list)
+    # Banks of sweeps on other corpora than this calibration's: the order error the keep rule
+    # reads is measured there (a user's sweep is on a corpus the fit never saw), not within the
+    # calibration's own corpus. Their curves never enter the fit.
+    corpus_banks: list[str] = Field(default_factory=list)
     # None: bank the curves only, fit and write nothing (held-out studies such as transfer).
     # Beside its calibration report by default ({output_dir}: the report folder, default
     # runs/calibration/<name>; {name}: the calibration's name): never a tracked file unless asked.
@@ -194,8 +198,17 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
         ranking_curves += bank_curves(extra_frame)
     if config.ranking_banks:
         provenance["ranking_banks"] = [portable_path(_resolve(b)) for b in config.ranking_banks]
+    corpus_curves = []
+    for other in config.corpus_banks:
+        path = _resolve(other)
+        if not path.is_file():
+            raise ConfigError(f"corpus_banks: {other}: no such bank")
+        corpus_curves += bank_curves(load_bank(path))
+    if config.corpus_banks:
+        provenance["corpus_banks"] = [portable_path(_resolve(b)) for b in config.corpus_banks]
     return fit_and_report(bank_curves(fill_epochs(frame)), config.fit, predictor_path, _output(config),
-                          provenance=provenance, source=str(bank_path), ranking_curves=ranking_curves)
+                          provenance=provenance, source=str(bank_path), ranking_curves=ranking_curves,
+                          corpus_curves=corpus_curves, corpora=[Path(b).stem for b in config.corpus_banks])
 
 
 def _banked_runs(config: CalibrationConfig, bank_path: Path) -> pd.DataFrame:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hpo.calibration import report as calibration_report, held_out
 from hpo.common.overrides import ConfigError
-from hpo.calibration.ranking_error import evaluation_groups, ranking_error_table, seed_noise, swept_sizes
+from hpo.calibration.ranking_error import corpus_order_error, evaluation_groups, ranking_error_table, seed_noise, swept_sizes
 from hpo.calibration.size_choice import SizeChoice, choose_size_method, size_methods
 from predictors import fit
 from predictors.io import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
@@ -53,6 +53,7 @@ class FitSettings(BaseModel):
 def fit_and_report(
     curves: list, settings: FitSettings, predictor_path: Path, out: Path, *,
     provenance: dict[str, Any], source: str, notes: tuple[str, ...] = (), ranking_curves: Sequence[Any] = (),
+    corpus_curves: Sequence[Any] = (), corpora: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The one calibration fit, for banked runs and for a user's own curves alike.
 
@@ -80,7 +81,7 @@ def fit_and_report(
     chosen = fits[chosen_mode]
     predictor = chosen.result.predictor
     if measured and settings.ranking_error:
-        ranking = _ranking_error(curves, predictor, chosen, refits, ranking_curves)
+        ranking = _ranking_error(curves, predictor, chosen, refits, ranking_curves, corpus_curves, corpora, notes)
         predictor = dataclasses.replace(predictor, ranking_error=ranking)
         if ranking is None:
             notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
@@ -147,7 +148,8 @@ def _fit_mode(curves: list, settings: FitSettings, fit_m: bool, provenance: dict
 
 
 def _ranking_error(curves: list, predictor: Any, chosen: ModeFit, refits: held_out.Refits,
-                   ranking_curves: Sequence[Any]) -> Any:
+                   ranking_curves: Sequence[Any], corpus_curves: Sequence[Any] = (), corpora: Sequence[str] = (),
+                   notes: Optional[list] = None) -> Any:
     """The chosen mode's ranking error (``hpo.calibration.ranking_error``), with the order error of the
     ranking banks' sweeps (never fitted) and the seed noise; None when the bank holds no sweep."""
     ranking = ranking_error_table(curves, method=chosen.method, refits=refits,
@@ -160,6 +162,16 @@ def _ranking_error(curves: list, predictor: Any, chosen: ModeFit, refits: held_o
     swept = swept_sizes(curves)
     extra_groups = evaluation_groups(predictor, complete_extra, swept=swept) if complete_extra else ()
     noise = seed_noise(curves)
+    across = corpus_order_error(predictor, complete_curves(list(corpus_curves))[0], corpora) if corpus_curves else None
+    if across is not None:
+        # The rule reads the order error measured on other corpora (a user's sweep is on a corpus
+        # the fit never saw); a kind not swept there keeps the within-corpus error, and says so.
+        within_only = sorted(set(ranking.kinds) - set(across.kinds))
+        if notes is not None:
+            notes.append(f"order error: {across.source}; within-corpus ({ranking.source}) for "
+                         f"{', '.join(within_only) or 'no kind'}")
+        ranking = dataclasses.replace(ranking, kinds={**ranking.kinds, **across.kinds}, source=across.source + (
+            f"; {', '.join(within_only)}: {ranking.source} on the fit's corpus" if within_only else ""))
     return dataclasses.replace(ranking, cross_groups=(*ranking.cross_groups, *extra_groups),
                                seed_noise=None if noise is None else noise[0],
                                seed_noise_source=None if noise is None else noise[1], swept_sizes=swept)

@@ -312,13 +312,8 @@ def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
     :func:`swept_sizes` of its bank; None: the predictor's calibrated sizes), else on the TPP
     axis (a group at a calibrated scale adds nothing and is left out).
 
-    Why the swept sizes and not every calibrated size (issue 28): a size calibrated by a width
-    ladder (one TPP, one τ, no sweep) calibrates the loss level there, not the order of a sweep;
-    a λ sweep at such a size is a size transfer of the order measured at the swept sizes. Placed
-    on the TPP axis, its order error (0.39M at TPP 10: 14–28%) became the keep margin of every
-    sweep below the calibrated TPPs at the swept size, where the order is known far better
-    (0.1M at TPP 10: ≤ 2%). On the size axis it is evidence for sweeps off in size, as it was
-    before the ladder was pooled; with one swept size both rules agree."""
+    Why the swept sizes and not every calibrated size: docs/predictor.md ("The keep margin's
+    off-scale rule")."""
     from predictors.ranking import HeldOutGroup, Position
 
     curves = list(curves)
@@ -351,3 +346,26 @@ def evaluation_groups(predictor: Predictor, curves: Sequence[Curve],
             value = n_params if position.axis == "n_params" else tpp
             out.append(HeldOutGroup(value, position, kinds))
     return tuple(out)
+
+
+def corpus_order_error(predictor: Predictor, curves: Sequence[Curve], corpora: Sequence[str],
+                       fractions: Sequence[float] = DECISION_FRACTIONS) -> Optional[Any]:
+    """The order error where users are: on corpora the predictor was not fitted on. Every sweep
+    of ``curves`` (banks of other corpora, ``corpus_banks``; complete runs) is predicted by
+    ``predictor`` as it ships, and each kind's pairs are scored as in :func:`ranking_error_table`
+    (probit scale, the blend :func:`choose_order` picks on these sweeps). Returns the
+    ``RankingError`` whose ``kinds`` the rule reads (None: no sweep), its source naming the corpora."""
+    from predictors.ranking import RankingError
+
+    curves = list(curves)
+    by_kind = ranking_groups(curves)
+    if not by_kind:
+        return None
+    fractions = tuple(float(s) for s in fractions)
+    truth = np.array([c.final_loss for c in curves], dtype=np.float64)
+    predicted = np.array([[prediction_at(predictor, c, s)[0] for c in curves] for s in fractions])
+    losses = rung_losses(curves, fractions)
+    kinds = {kind: x for kind, groups in by_kind.items()
+             if (x := _kind_error(lambda k, i: float(predicted[k, i]), truth, groups, fractions, losses)) is not None}
+    n = sum(len(g) for g in by_kind.values())
+    return RankingError(kinds, source=f"measured on {n} sweeps of other corpora than the fit's ({', '.join(corpora)})")

@@ -7,22 +7,18 @@ calibration and every benchmark apply (no Ray, no torch).
   prediction is kept).
 * **The kind of sweep** (what varies: η, B, λ, at fixed τ or fixed λ): :func:`sweep_kind`,
   and the groups of curves that form sweeps of a kind: :func:`kind_groups`.
-* **The keep rule**: :func:`keep_rule` (a whole rung) and :func:`judge_arrival` (one trial
-  against the predictions recorded at a rung, as ASHA judges); the order, margin and tolerance
-  of a rung from the predictor's ranking error: :func:`rung_margin`.
+* **The keep rule's mechanics**: :func:`keep_rule` (a whole rung: the top ⌈n/rf⌉ plus a
+  margin); the calibrated order, margin and tolerance of a rung from the predictor's ranking
+  error: :func:`rung_margin`. The rules themselves (collapse, ASHA, current-best, a paired
+  test) are :mod:`hpo.decisions.keep`, one a module behind one seam.
 * **The probability that the pick is the best**: :func:`probability_best`.
 * **Compute accounting**: :func:`compute_fraction`.
 
-The keep rule (paper §5: stop the trials whose *predicted* final loss is worse; issue 25: by
-the order that is known to rank no worse than current-best's): rank the trials with a
-prediction by the rung's score (:func:`score`: w·log P + (1 − w)·log L, the predicted final P
-and the loss at the rung L, w chosen per kind of sweep and fraction by ``hpo calibrate``; ties
-by the loss at the rung, then trial id); keep the best ⌈n/rf⌉ at an intermediate rung and the
-best one at the last, plus every trial whose score is within the margin z·σ − tolerance of the
-best, σ being the ranking scale of that order for that kind of sweep at that fraction
-(``predictors.ranking``): under that error model a stopped trial had a chance below Φ(−z) of
-ending better than the best, and keeping it could win at most the margin. Trials without a
-prediction are always kept (never stopped on no evidence) and do not count towards ⌈n/rf⌉.
+The keep rule's mechanics (:func:`keep_rule`): rank the trials with a prediction by the rung's
+score (:func:`score`: w·log P + (1 − w)·log L; ties by the loss at the rung, then trial id);
+keep the best ⌈n/rf⌉ at an intermediate rung and the best one at the last, plus every trial
+within the margin less the tolerance of the best. Which margin, and why: ``hpo.decisions.keep``.
+Trials without a prediction are always kept and do not count towards ⌈n/rf⌉.
 
 Example:
     >>> d = keep_rule([Candidate("a", 2.00, 2.3), Candidate("b", 2.03, 2.2), Candidate("c", 2.20, 2.4)],
@@ -46,7 +42,7 @@ from predictors import run_keys
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS, rung_cut
 from predictors.io import finite_or_none
-from predictors.kinds import KIND_GROUPS, SWEEP_KINDS, kind_axes
+from predictors.kinds import KIND_GROUPS, KINDS, SWEEP_KINDS, kind_axes
 from predictors.ranking import Order
 
 #: Fewest history points (up to and including the rung point) a prediction needs by default.
@@ -83,6 +79,7 @@ class RungPrediction:
     train_fraction: Optional[float]
     loss: Optional[float]
     why: str = ""
+    residual: Optional[float] = None  # RMS relative residual of the alignment (the fit to the shape)
 
 
 def predict_at_rung(
@@ -113,11 +110,12 @@ def predict_at_rung(
         pred = predictor.predict_final(t[:n], y[:n], ctrl)
         final = finite_or_none(getattr(pred, "final_loss", None))
         sigma = finite_or_none(getattr(pred, "uncertainty", None))
+        residual = finite_or_none(getattr(pred, "residual", None))
     except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
         return RungPrediction(None, None, n, t_used, loss_used, f"predictor failed: {type(exc).__name__}: {exc}")
     if final is None or final <= 0:
         return RungPrediction(None, None, n, t_used, loss_used, "predictor returned a non-finite final loss")
-    return RungPrediction(final, None if sigma is None else abs(sigma), n, t_used, loss_used)
+    return RungPrediction(final, None if sigma is None else abs(sigma), n, t_used, loss_used, residual=residual)
 
 
 # ---------------------------------------------------------------------- kinds of sweep
@@ -176,24 +174,13 @@ def sweep_kind(trials: Sequence[Mapping[str, Any]]) -> str:
     col = {k: [t.get(k) for t in trials] for k in SWEEP_VALUE_KEYS}
     if any(_varies(col[k]) for k in ("tokens_per_param", "n_params", "schedule")):
         return "mixed"
-    tau, eta, batch, lam = (_varies(col[k]) for k in ("tau", "eta", "batch_size", "weight_decay"))
-    if tau is False:
-        if eta and batch is False:
-            return "eta_fixed_tau"
-        if batch and eta is False:
-            return "batch_fixed_tau"
-        return "fixed_tau"
-    if tau is None:
+    varies = {k: _varies(col[k]) for k in ("tau", "eta", "batch_size", "weight_decay")}
+    if varies["tau"] is None:
         return "mixed"
-    if lam is False:
-        if batch and eta is False:
-            return "batch_fixed_lambda"
-        if eta and batch is False:
-            return "eta_fixed_lambda"
-        return "fixed_lambda"
-    if lam and eta is False and batch is False:
-        return "lambda"
-    return "varying_tau"
+    for kind in KINDS:  # the table's kinds: the one value varied, everything it holds fixed
+        if varies[kind.varies] and all(varies[h] is False for h in kind.holds):
+            return kind.name
+    return "fixed_tau" if varies["tau"] is False else "fixed_lambda" if varies["weight_decay"] is False else "varying_tau"
 
 
 #: Values that every member of one sweep shares, whatever its kind.
@@ -259,6 +246,9 @@ class Margin:
     weight: float = 1.0
     tolerance: float = 0.0
     tolerance_loss: Optional[float] = None
+    order_words: str = ""  # where the order and its scale came from
+    tolerance_words: str = ""
+    fixed: bool = False  # a margin the user set, not the calibrated one
 
     @property
     def order(self) -> str:
@@ -305,13 +295,14 @@ def rung_margin(
         sigma = float(sigma)
     if margin != "calibrated":
         return Margin(float(margin), sigma or 0.0, kind, f"fixed margin {100 * float(margin):.2f}% on the predicted finals",
-                      1.0, tol_log, tol_loss)
+                      1.0, tol_log, tol_loss, words, tol_words, fixed=True)
     name = Order(weight, None, "").name
     if not sigma:
         return Margin(0.0, 0.0, kind, f"order: {name}; {words}; its error unknown: margin 0, {tol_words}",
-                      weight, tol_log, tol_loss)
+                      weight, tol_log, tol_loss, words, tol_words)
     return Margin(float(z) * sigma, sigma, kind, f"order: {name}; {z:g} × ranking scale {100 * sigma:.2f}% "
-                  f"= {100 * float(z) * sigma:.2f}% ({words}), less the {tol_words}", weight, tol_log, tol_loss)
+                  f"= {100 * float(z) * sigma:.2f}% ({words}), less the {tol_words}", weight, tol_log, tol_loss,
+                  words, tol_words)
 
 
 # ---------------------------------------------------------------------- the keep rule
@@ -354,6 +345,7 @@ class KeepDecision:
     n_rule: int
     margin: float
     kept_all: bool
+    words: str = ""  # the margin's provenance, as the decision log keeps it
 
 
 def score(c: Candidate, weight: float = 1.0) -> float:
@@ -449,33 +441,8 @@ def keep_rule(
         kept.append(c.trial_id)
         reasons[c.trial_id] = "no prediction: kept"
     return KeepDecision(tuple(kept), tuple(stopped), tuple(c.trial_id for c in ranked), reasons,
-                        best.trial_id if best else None, current_best(candidates), n_rule, float(margin), kept_all)
-
-
-def decide(candidates: Sequence[Candidate], m: Margin, *, last: bool, reduction_factor: float) -> KeepDecision:
-    """:func:`keep_rule` with a rung's :class:`Margin` (order, margin, tolerance): the one call
-    the scheduler and every replay make, so none of them can drop a field of it."""
-    return keep_rule(candidates, last=last, reduction_factor=reduction_factor, margin=m.value, margin_words=m.words,
-                     weight=m.weight, tolerance=m.tolerance, tolerance_loss=m.tolerance_loss)
-
-
-def judge_arrival(
-    recorded: Sequence[Candidate], arrival: Candidate, *, last: bool, reduction_factor: float,
-    margin: float, margin_words: str = "", weight: float = 1.0, tolerance: float = 0.0,
-    tolerance_loss: Optional[float] = None,
-) -> tuple[bool, str]:
-    """One trial judged against the predictions already recorded at a rung (async mode and
-    late arrivals, as ASHA judges): the keep rule over recorded + arrival, and whether the
-    arrival is kept. The first prediction at a rung, and a trial without one, are kept."""
-    if arrival.predicted is None:
-        return True, "no prediction: kept"
-    others = [c for c in recorded if c.predicted is not None and c.trial_id != arrival.trial_id]
-    if not others:
-        return True, f"predicted {_fmt(arrival)}: the first prediction recorded at this rung"
-    decision = keep_rule([*others, arrival], last=last, reduction_factor=reduction_factor, margin=margin,
-                         margin_words=margin_words, weight=weight, tolerance=tolerance, tolerance_loss=tolerance_loss)
-    keep = arrival.trial_id in decision.kept
-    return keep, decision.reasons[arrival.trial_id] + f" (against {len(others)} recorded)"
+                        best.trial_id if best else None, current_best(candidates), n_rule, float(margin), kept_all,
+                        margin_words)
 
 
 # ---------------------------------------------------------------------- probability
@@ -546,8 +513,8 @@ def is_finished(train_fraction: float) -> bool:
 
 
 __all__ = [
-    "Candidate", "DEFAULT_MARGIN_Z", "decide", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
-    "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished", "judge_arrival",
+    "Candidate", "DEFAULT_MARGIN_Z", "DEFAULT_MIN_POINTS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
+    "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished",
     "keep_rule", "kind_groups", "Margin", "predict_at_rung", "probability_best", "rung_margin", "score", "sweep_kind",
     "sweep_values",
 ]

@@ -14,7 +14,7 @@ Decision modes: ``sync`` (default), successive halving with pausing like Ray's
 ``HyperBandScheduler``: a trial reaching a rung is PAUSED until every live trial has reached it,
 then losers are stopped and survivors resumed (trainables must checkpoint); ``async``, like ASHA:
 an arrival is judged against the predictions recorded at the rung
-(:func:`hpo.decisions.rules.judge_arrival`), first arrivals continue, nothing pauses; ``audit``:
+(``KeepRule.judge_arrival``), first arrivals continue, nothing pauses; ``audit``:
 stops and pauses nothing, records what ``sync`` would have decided.
 
 The time axis is the reported training fraction t̂ (``time_attr``), never iterations or wall
@@ -56,6 +56,7 @@ from hpo.decisions import rules
 from hpo.decisions.early_answer import compose_early_answer, revise
 from hpo.decisions.scheduler_contract import (ReportReader, SchedulerContractError, check_arguments, check_mode,
                                               guarded, notify)
+from hpo.decisions.keep import KeepRule, make_rule
 from hpo.decisions.scheduler_judge import RungJudge
 from hpo.decisions.scheduler_queue import RunQueue, first_by_walk
 from hpo.decisions.scheduler_state import (RungDecision, RungRecord, RungWalk, SchedulerState, StateStore, TrialRecord,
@@ -109,6 +110,8 @@ class CollapseScheduler(FIFOScheduler):
         on_early_answer: called with the early answer (``hpo.decisions.early_answer.compose_early_answer``),
             again only when a revision names another trial.
             Both callbacks must be picklable; what they raise is logged.
+        rule: the keep rule (``hpo.decisions.keep``): ``"collapse"`` (default; ``margin_z`` is its
+            z), ``"asha"``, ``"current-best"``, ``"paired-test"``, or a ``KeepRule``.
         min_points: fewest history points up to the rung needed to predict; a trial with fewer
             is kept and does not count towards ⌈n/rf⌉.
         persist_interval_s: least time between two throttled writes on results.
@@ -129,6 +132,7 @@ class CollapseScheduler(FIFOScheduler):
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_decision: Optional[Callable[[Dict[str, Any]], None]] = None,
         min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0, resume: bool = False,
+        rule: Union[str, KeepRule] = "collapse",
     ) -> None:
         super().__init__()
         fractions = check_arguments(predictor=predictor, mode=mode, rungs=rungs, reduction_factor=reduction_factor,
@@ -136,8 +140,10 @@ class CollapseScheduler(FIFOScheduler):
                                     margin_z=margin_z, tolerance=tolerance)
         self._metric, self._mode, self._time_attr = metric, mode, time_attr
         self._rungs, self._decision_mode = fractions, decision_mode
+        keep_rule = make_rule(rule, z=float(margin_z)) if rule == "collapse" else make_rule(rule) if isinstance(rule, str) else rule
         self._judge = RungJudge(predictor, fractions, float(reduction_factor), margin, float(margin_z),
-                                None if tolerance is None else float(tolerance), int(min_points), decision_mode)
+                                None if tolerance is None else float(tolerance), int(min_points), decision_mode,
+                                rule=keep_rule)
         self._state_path = Path(state_path).resolve() if state_path is not None else None
         self._on_early_answer, self._on_decision = on_early_answer, on_decision
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
@@ -265,7 +271,8 @@ class CollapseScheduler(FIFOScheduler):
             if self._decision_mode != "async" and not rung.decided:
                 entry.reason = entry.reason or "waiting for the rung to be decided"
                 break
-            keep = self._judge.judge_arrival(rung, entry, rec, self._state.trials, utc_now(), self.compute_fraction())
+            keep = self._judge.judge_arrival(rung, entry, rec, self._state.trials, utc_now(), self.compute_fraction(),
+                                             self._previous(r))
             if keep and self._judge.is_last(r) and self._decision_mode != "async" and rung.decided:
                 # Kept after the answer was announced (it errored, was retried or resumed):
                 # the answer follows the facts.
@@ -296,7 +303,7 @@ class CollapseScheduler(FIFOScheduler):
         """Apply the keep rule to every trial waiting at rung ``r``; returns the survivors."""
         rung, fraction, now, compute = self._state.rungs[r], self._rungs[r], utc_now(), self.compute_fraction()
         participants = self._state.remove_halted(rung, now, compute)
-        to_stop = self._judge.decide(rung, participants, self._state.trials, now, compute)
+        to_stop = self._judge.decide(rung, participants, self._state.trials, now, compute, self._previous(r))
         logger.info("CollapseScheduler: rung %g decided (%s): kept %d of %d: %s",
                     fraction, self._decision_mode, rung.n_keep, len(participants), rung.survivors)
         # Losers are marked stopped before the decision is persisted: a driver killed between
@@ -315,6 +322,9 @@ class CollapseScheduler(FIFOScheduler):
         for rec in to_stop:
             self._stop(tc, rec, fraction, trigger=(rec.trial_id == trigger_id))
         return rung.survivors
+
+    def _previous(self, r: int) -> Optional[RungRecord]:
+        return self._state.rungs[r - 1] if r > 0 else None
 
     def _notify(self, callback: Optional[Callable[[Dict[str, Any]], None]], payload: Dict[str, Any]) -> None:
         notify(callback, json_safe(payload), self._strict)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from hpo.decisions import rules
+from hpo.decisions.keep import CollapseRule, KeepRule, RungEvidence, TrialEvidence
 from hpo.decisions.scheduler_records import RungDecision, RungEntry, RungRecord, TrialRecord, TrialStatus
 
 logger = logging.getLogger("hpo.decisions.scheduler")
@@ -19,7 +20,8 @@ logger = logging.getLogger("hpo.decisions.scheduler")
 
 @dataclass
 class RungJudge:
-    """The scheduler's settings that the rules need (see ``CollapseScheduler``'s arguments)."""
+    """The scheduler's settings that the rules need (see ``CollapseScheduler``'s arguments) and
+    the keep rule it applies (``hpo.decisions.keep``)."""
 
     predictor: Any
     rungs: Sequence[float]
@@ -30,12 +32,17 @@ class RungJudge:
     min_points: int
     decision_mode: str
     strict: bool = False  # tests: a failed prediction raises instead of keeping the trial
+    rule: Optional[KeepRule] = None  # None: the collapse rule with margin_z
+
+    def __post_init__(self) -> None:
+        if self.rule is None:
+            self.rule = CollapseRule(self.margin_z)
 
     def settings(self) -> dict[str, Any]:
         """These settings as the state file records them (in its order)."""
         return {"rungs": list(self.rungs), "reduction_factor": self.reduction_factor, "margin": self.margin,
                 "margin_z": self.margin_z, "tolerance": self.tolerance, "decision_mode": self.decision_mode,
-                "min_points": self.min_points}
+                "min_points": self.min_points, "rule": self.rule.name if self.rule else "collapse"}
 
     def is_last(self, r: int) -> bool:
         return r == len(self.rungs) - 1
@@ -72,28 +79,47 @@ class RungJudge:
                                      "final_loss": pred.final_loss, "uncertainty": pred.uncertainty}
         return RungEntry(trial_id=rec.trial_id, train_fraction=float(pred.train_fraction or t[-1]),
                          smoothed_loss=pred.loss, n_points=pred.n_points,
-                         predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty,
+                         predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty, residual=pred.residual,
                          reason="" if pred.final_loss is not None else f"no prediction ({pred.why})")
 
     def verdict(self, r: int, keep: bool, rec: TrialRecord) -> RungDecision:
         return RungDecision.verdict(keep, audit=self.decision_mode == "audit", last=self.is_last(r),
                                     completed=rec.status == TrialStatus.COMPLETED)
 
+    def evidence(self, r: int, entries: Sequence[RungEntry], trials: Mapping[str, TrialRecord],
+                 previous: Optional[RungRecord]) -> RungEvidence:
+        """What the rule is shown at rung ``r`` (``hpo.decisions.keep.RungEvidence``): each trial's
+        prediction, where it stood at the previous rung (at the first: its prediction at half
+        the rung's t̂, from its own history), its fit to the shape and history; the calibrated
+        order and tolerance of the sweep's kind."""
+        m = self.margin_for(r, [trials[e.trial_id] for e in entries if e.trial_id in trials])
+        out = []
+        for e in entries:
+            rec = trials.get(e.trial_id)
+            before = previous.entries.get(e.trial_id) if previous is not None else None
+            prior = before.candidate() if before is not None else None
+            if prior is None and previous is None and rec is not None and rec.history:
+                t, y = zip(*rec.history)
+                half = rules.predict_at_rung(self.predictor, t, y, rec.controls, self.rungs[r] / 2, self.min_points)
+                prior = rules.Candidate(e.trial_id, half.final_loss, half.loss) if half.final_loss else None
+            history = tuple(p for p in (rec.history if rec is not None else ()) if p[0] <= e.train_fraction + 1e-12)
+            out.append(TrialEvidence(e.candidate(), prior, e.residual, history))
+        return RungEvidence.of(m, self.rungs[r], last=self.is_last(r), reduction_factor=self.reduction_factor,
+                               trials=out)
+
     def judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord,
-                      trials: Mapping[str, TrialRecord], now: str, compute: float) -> bool:
+                      trials: Mapping[str, TrialRecord], now: str, compute: float,
+                      previous: Optional[RungRecord] = None) -> bool:
         """An arrival at a decided rung (or any, in async mode) against the predictions recorded
-        there (``hpo.decisions.rules.judge_arrival``), written into its entry and the rung; True if kept."""
+        there (``KeepRule.judge_arrival``), written into its entry and the rung; True if kept."""
         r = rung.index
-        recorded = [e.candidate() for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
-        ids = [*(c.trial_id for c in recorded), rec.trial_id]
-        m = self.margin_for(r, [trials[t] for t in ids if t in trials])
-        keep, reason = rules.judge_arrival(recorded, entry.candidate(), last=self.is_last(r),
-                                           reduction_factor=self.reduction_factor, margin=m.value,
-                                           margin_words=m.words, weight=m.weight, tolerance=m.tolerance,
-                                           tolerance_loss=m.tolerance_loss)
+        recorded = [e for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
+        ev = self.evidence(r, [*recorded, entry], trials, previous)
+        keep, reason = self.rule.judge_arrival(ev, rec.trial_id)
         entry.decision = self.verdict(r, keep, rec)
         entry.reason = ("late arrival: " if self.decision_mode != "async" else "") + reason
         entry.late, entry.decided_at, entry.compute_fraction = True, now, compute
+        m = self.margin_for(r, [trials[e.trial_id] for e in (*recorded, entry) if e.trial_id in trials])
         rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
                                                                          m.kind, m.weight)
         if keep and rec.trial_id not in rung.survivors:
@@ -101,14 +127,13 @@ class RungJudge:
         return keep
 
     def decide(self, rung: RungRecord, participants: list[RungEntry], trials: Mapping[str, TrialRecord],
-               now: str, compute: float) -> list[TrialRecord]:
-        """The keep rule over the trials waiting at ``rung`` (``hpo.decisions.rules.decide``), written into
-        their entries and the rung; returns the trials to stop (audit: none, each marked
-        ``would_stop_at``; a finished trial is not stopped)."""
+               now: str, compute: float, previous: Optional[RungRecord] = None) -> list[TrialRecord]:
+        """The keep rule over the trials waiting at ``rung`` (``KeepRule.decide`` on the rung's
+        evidence), written into their entries and the rung; returns the trials to stop (audit:
+        none, each marked ``would_stop_at``; a finished trial is not stopped)."""
         r = rung.index
-        m = self.margin_for(r, [trials[e.trial_id] for e in participants])
-        decision = rules.decide([e.candidate() for e in participants], m, last=self.is_last(r),
-                                reduction_factor=self.reduction_factor)
+        ev = self.evidence(r, participants, trials, previous)
+        decision = self.rule.decide(ev)
         to_stop: list[TrialRecord] = []
         kept = set(decision.kept)  # a membership test per participant: a set, not the list
         for e in participants:
@@ -124,5 +149,5 @@ class RungJudge:
                 rec.would_stop_at = rung.fraction
             elif not keep and rec.status != TrialStatus.COMPLETED:
                 to_stop.append(rec)
-        rung.record_decision(decision, m, participants, trials, now, compute)
+        rung.record_decision(decision, ev, participants, trials, now, compute)
         return to_stop

@@ -150,6 +150,7 @@ class RungEntry:
     late: bool = False
     decided_at: Optional[str] = None
     compute_fraction: Optional[float] = None
+    residual: Optional[float] = None  # the alignment's RMS relative residual (the fit to the shape)
 
     def to_dict(self, safe: bool = True) -> dict[str, Any]:
         return _safe_fields(self, _field_names(type(self)), safe)
@@ -161,6 +162,7 @@ class RungEntry:
         entry.smoothed_loss = _opt_float(entry.smoothed_loss)
         entry.predicted_final_loss = _opt_float(entry.predicted_final_loss)
         entry.uncertainty = _opt_float(entry.uncertainty)
+        entry.residual = _opt_float(entry.residual)
         return entry
 
     def __post_init__(self) -> None:
@@ -228,7 +230,7 @@ class RungRecord:
         entry = self.entries.get(trial_id)
         return entry is not None and entry.waiting and not self.decided
 
-    def record_decision(self, decision: rules.KeepDecision, margin: rules.Margin, participants: list["RungEntry"],
+    def record_decision(self, decision: rules.KeepDecision, evidence: Any, participants: list["RungEntry"],
                         trials: Mapping[str, "TrialRecord"], now: str, compute: float) -> None:
         """Write down a (sync/audit) decision: who was judged, kept, best, and the margin as
         applied (z·σ less the tolerance; the words state both)."""
@@ -237,8 +239,8 @@ class RungRecord:
         self.survivors = sorted(decision.kept, key=lambda tid: trials[tid].order)
         self.n_keep = len(self.survivors)
         self.predicted_best, self.current_best = decision.predicted_best, decision.current_best
-        self.margin, self.margin_source, self.kind, self.order_weight = (decision.margin, margin.words, margin.kind,
-                                                                         margin.weight)
+        self.margin, self.margin_source, self.kind, self.order_weight = (decision.margin, decision.words,
+                                                                         evidence.kind, evidence.weight)
 
     def announcement(self, decision_mode: str, participants: list["RungEntry"], margin_text: str,
                      progress: list[dict[str, Any]]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ Schema (``version`` 2; version-1 files, with histories inline, still load)::
     {
       "version": 2, "experiment_id": "<hex>", "history_file": ".history.jsonl" | null,
       "settings": {"metric", "mode", "time_attr", "rungs", "reduction_factor",
-                   "margin", "margin_z", "decision_mode", "min_points"},
+                   "margin", "margin_z", "decision_mode", "min_points", "rule"},
       "trials": {trial_id: {"trial_id", "order", "config", "controls", "history": [[t, loss], ...]
                             (only when "history_file" is null), "status", "stopped_at",
                             "would_stop_at", "diverged_at", "final_metric", "last_train_fraction",

@@ -97,6 +97,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         overrides += (f"output_dir={args.output_dir}",)
     if args.predictor_out:
         overrides += (f"predictor_out={args.predictor_out}",)
+    if args.corpus is not None or args.budget is not None:
+        return _calibrate_own_corpus(args, overrides)
     if args.config:
         _check_calibration_name(args.config, overrides)
     if args.from_curves or args.from_mlflow:
@@ -341,6 +343,39 @@ def _print_outcome(outcome: dict) -> None:
     print(f"outputs: {outcome['output']}")
 
 
+def _calibrate_own_corpus(args: argparse.Namespace, overrides: tuple[str, ...]) -> int:
+    """``hpo calibrate --corpus DIR --budget 15m``: the paper's protocol (``hpo.calibration.own_corpus``)."""
+    from hpo.calibration.calibrate import calibrate
+    from hpo.calibration.own_corpus import corpus_config, parse_budget
+    import yaml
+
+    if args.corpus is None or args.budget is None or args.config or args.from_curves or args.from_mlflow:
+        raise ConfigError("calibrate: --corpus DIR and --budget TIME go together, without CONFIG or --from-*")
+    budget = parse_budget(args.budget)
+    if args.sweep_params is not None and args.sweep_params <= 0:
+        raise ConfigError(f"--sweep-params: must be a positive parameter count, got {args.sweep_params}")
+    tpp = 20.0
+    for item in overrides:
+        if item.startswith("trainer.tokens_per_param="):
+            tpp = float(item.split("=", 1)[1])
+    print(f"calibrate --corpus: measuring this machine's throughput on {args.corpus} ...", flush=True)
+    from hpo.calibration.own_corpus import corpus_label
+
+    out = Path(args.output_dir or f"runs/calibration/corpus_{corpus_label(args.corpus)}")
+    config, chosen = corpus_config(args.corpus, budget, str(out), tokens_per_param=tpp,
+                                   sweep_params=args.sweep_params or 100_672)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "calibration.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    print(f"calibrate --corpus: {len(chosen.runs)} runs at d_model {chosen.model['d_model']} "
+          f"({chosen.n_params:,} parameters, TPP {tpp:g}), about {chosen.estimated_s / 60:.1f} min of a "
+          f"{budget / 60:.1f}-min budget; config {path}", flush=True)
+    summary = calibrate(str(path), overrides)
+    print(f"calibration: {summary['n_curves']} curves; predictor {summary['predictor']} "
+          f"(a sweep uses it with `predictor: {summary['predictor']}` in its config)")
+    return 0
+
+
 def _add_calibrate_parser(sub: Any) -> None:
     calibrate = sub.add_parser("calibrate", help="run reference curves, bank them, fit the predictor")
     calibrate.add_argument("config", nargs="?", help="YAML calibration config (with --from-*: its fit settings)")
@@ -358,6 +393,11 @@ def _add_calibrate_parser(sub: Any) -> None:
     calibrate.add_argument("--predictor-out", help="predictor JSON to write (default: predictor.json "
                            "in the report directory; give the shipped file's path to replace it)")
     calibrate.add_argument("--output-dir", help="report directory (default runs/calibration/<name>)")
+    calibrate.add_argument("--corpus", metavar="DIR", help="calibrate on small runs of your own corpus (the "
+                           "paper's protocol): picks the model (≤ 1/4 of the sweep's size) and runs to fit --budget")
+    calibrate.add_argument("--budget", metavar="TIME", help="with --corpus: wall time to spend (15m, 900s, 1h)")
+    calibrate.add_argument("--sweep-params", type=int, help="with --corpus: the sweep's model size in "
+                           "non-embedding parameters (default 100,672, the quickstart's)")
     calibrate.set_defaults(func=_cmd_calibrate)
 
 

@@ -122,6 +122,7 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
         margin_z=config.scheduler.margin_z,
         tolerance=config.scheduler.tolerance,
         decision_mode=config.scheduler.mode,
+        rule=config.scheduler.rule,
         state_path=output / STATE_FILE,
         on_early_answer=early_answer,
         on_decision=on_decision,

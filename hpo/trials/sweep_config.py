@@ -103,6 +103,9 @@ class SchedulerSettings(_Strict):
     # the top ceil(n/rf) only if it could still end better than the best by more than this.
     tolerance: Optional[float] = Field(None, ge=0)
     metric: str = "loss"
+    # The keep rule (hpo.decisions.keep): "collapse" (default: predicted finals, margin_z), or a
+    # baseline to compare against on the same sweep: "asha", "current-best", "paired-test".
+    rule: Literal["collapse", "asha", "current-best", "paired-test"] = "collapse"
 
     @field_validator("rungs")
     @classmethod

@@ -1,0 +1,24 @@
+"""ASHA's rule (Li et al. 2020) at our rungs: keep the top ⌈n/rf⌉ by the loss at the rung, at
+every rung, the last included (the survivors of the last rung all train to the end).
+
+Example:
+    >>> from hpo.decisions.keep.evidence import RungEvidence, TrialEvidence
+    >>> from hpo.decisions.rules import Candidate
+    >>> ev = RungEvidence(0.3, True, 2.0, tuple(TrialEvidence(Candidate(t, p, l)) for t, p, l in
+    ...                   [("a", 2.0, 2.5), ("b", 2.1, 2.4), ("c", 2.3, 2.6)]))
+    >>> AshaRule().decide(ev).kept
+    ('b', 'a')
+"""
+
+from __future__ import annotations
+
+from hpo.decisions import rules
+from hpo.decisions.keep.evidence import KeepRule, RungEvidence
+
+
+class AshaRule(KeepRule):
+    name = "asha"
+
+    def decide(self, ev: RungEvidence) -> rules.KeepDecision:
+        return rules.keep_rule(ev.candidates, last=False, reduction_factor=ev.reduction_factor, margin=0.0,
+                               margin_words="ASHA: the top 1/rf by the loss at the rung", weight=0.0)

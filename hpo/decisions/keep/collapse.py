@@ -1,0 +1,71 @@
+"""The collapse rule: keep the trials whose score is within z·σ of the predicted best.
+
+The score is the calibrated order (w·log P + (1 − w)·log L: predicted finals P, losses at the
+rung L; ``predictors.ranking``). σ combines what calibration measured on *other* corpora with
+what this sweep shows about itself, in quadrature:
+
+    σ² = σ_calibrated² + σ_moved² + σ_misfit²
+
+σ_moved is how far the trials' scores moved against each other since the previous look, σ_misfit
+how badly the curves fit the predicted shape (``RungEvidence.movement`` / ``.misfit``): a sweep
+whose order is still moving, or whose curves are not the predicted shape, gets a wider margin;
+one that has settled is held to the calibrated one. Beyond the top ⌈n/rf⌉ (1 at the last rung),
+a trial is kept if its score is within z·σ less the tolerance (seed noise) of the best
+(``hpo.decisions.rules.keep_rule``).
+
+Example:
+    >>> from hpo.decisions.keep.evidence import RungEvidence, TrialEvidence
+    >>> from hpo.decisions.rules import Candidate
+    >>> still = [TrialEvidence(Candidate(t, p, 2.5), Candidate(t, p, 2.9)) for t, p in
+    ...          [("a", 2.00), ("b", 2.03), ("c", 2.06), ("d", 2.30)]]
+    >>> moving = [TrialEvidence(Candidate(t, p, 2.5), Candidate(t, q, 2.9)) for t, p, q in
+    ...           [("a", 2.00, 2.10), ("b", 2.03, 1.90), ("c", 2.06, 1.95), ("d", 2.30, 2.30)]]
+    >>> rule = CollapseRule(z=1.0)
+    >>> rule.decide(RungEvidence(0.1, False, 2.0, tuple(still), scale=0.01)).kept
+    ('a', 'b')
+    >>> rule.decide(RungEvidence(0.1, False, 2.0, tuple(moving), scale=0.01)).kept
+    ('a', 'b', 'c')
+"""
+
+from __future__ import annotations
+
+import math
+
+from hpo.decisions import rules
+from hpo.decisions.keep.evidence import KeepRule, RungEvidence
+from predictors.ranking import Order
+
+
+class CollapseRule(KeepRule):
+    """Args: z: the margin in units of σ; read_sweep: add the sweep's own evidence to σ
+    (False: the calibrated σ alone, the rule before the sweep was read)."""
+
+    name = "collapse"
+
+    def __init__(self, z: float = rules.DEFAULT_MARGIN_Z, read_sweep: bool = True) -> None:
+        if not (math.isfinite(float(z)) and float(z) >= 0):
+            raise ValueError(f"margin_z: must be a finite number >= 0, got {z!r}")
+        self.z, self.read_sweep = float(z), bool(read_sweep)
+
+    def settings(self) -> dict[str, object]:
+        return {"rule": self.name, "margin_z": self.z, "read_sweep": self.read_sweep}
+
+    def margin(self, ev: RungEvidence) -> tuple[float, str]:
+        """(margin in log units, the words the decision log keeps: every term in numbers)."""
+        name = Order(ev.weight, None, "").name
+        if ev.fixed_margin is not None:
+            return ev.fixed_margin, f"fixed margin {100 * ev.fixed_margin:.2f}% on the predicted finals"
+        calibrated = ev.scale or 0.0
+        moved, misfit = (ev.movement(), ev.misfit()) if self.read_sweep else (None, None)
+        sigma = math.sqrt(calibrated ** 2 + (moved or 0.0) ** 2 + (misfit or 0.0) ** 2)
+        terms = [f"ranking scale {100 * calibrated:.2f}%" if ev.scale else "ranking scale unknown (0)"]
+        terms += [f"moved since the last look {100 * moved:.2f}%"] if moved is not None else []
+        terms += [f"misfit to the shape {100 * misfit:.2f}%"] if misfit is not None else []
+        return self.z * sigma, (f"order: {name}; {self.z:g} × √({'² + '.join(terms)}²) = {100 * self.z * sigma:.2f}% "
+                                f"({ev.order_words}), less the {ev.tolerance_words or 'tolerance'}")
+
+    def decide(self, ev: RungEvidence) -> rules.KeepDecision:
+        value, words = self.margin(ev)
+        return rules.keep_rule(ev.candidates, last=ev.last, reduction_factor=ev.reduction_factor, margin=value,
+                               margin_words=words, weight=1.0 if ev.fixed_margin is not None else ev.weight,
+                               tolerance=ev.tolerance, tolerance_loss=ev.tolerance_loss)

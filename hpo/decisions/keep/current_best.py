@@ -1,0 +1,25 @@
+"""Current-best: rank by the loss at the rung, keep the top ⌈n/rf⌉, and at the last rung only
+the lowest loss. With one rung at s it is "current-best at s": every trial to s, the best there
+to the end (the simplest baseline, and the one to beat).
+
+Example:
+    >>> from hpo.decisions.keep.evidence import RungEvidence, TrialEvidence
+    >>> from hpo.decisions.rules import Candidate
+    >>> ev = RungEvidence(0.2, True, 2.0, tuple(TrialEvidence(Candidate(t, p, l)) for t, p, l in
+    ...                   [("a", 2.0, 2.5), ("b", 2.1, 2.4), ("c", 2.3, 2.6)]))
+    >>> CurrentBestRule().decide(ev).kept
+    ('b',)
+"""
+
+from __future__ import annotations
+
+from hpo.decisions import rules
+from hpo.decisions.keep.evidence import KeepRule, RungEvidence
+
+
+class CurrentBestRule(KeepRule):
+    name = "current-best"
+
+    def decide(self, ev: RungEvidence) -> rules.KeepDecision:
+        return rules.keep_rule(ev.candidates, last=ev.last, reduction_factor=ev.reduction_factor, margin=0.0,
+                               margin_words="current-best: the lowest losses at the rung", weight=0.0)
