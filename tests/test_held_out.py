@@ -113,3 +113,17 @@ def test_the_band_off_the_calibrated_sizes_is_the_methods_own_held_out_error():
         e_fine, _, _ = off_scale_error(fine.groups, fine.stop_fractions, s, fine.at(s), [beyond],
                                        {"n_params": "above"})
         assert e_fine == pytest.approx(e_coarse / 10, rel=1e-6) and e_fine > fine.at(s)
+
+
+def test_in_scale_error_leaves_out_runs_that_would_be_extrapolated():
+    # One run per width: held out alone, the smallest and the largest are predicted beyond every
+    # other size (extrapolations, measured across sizes), so the in-scale error is measured on
+    # the interior widths only; a width with a second run is at the calibrated scale held out.
+    kwargs = {"t_min": 0.05, "fit_m": True}
+    ladder = _curves(tpps=(20.0,), taus=(0.2,), sizes=(1e4, 3e4, 1e5, 3e5))
+    loo = held_out.leave_one_out(ladder, fit_kwargs=kwargs, fractions=(0.2,))
+    assert [bool(np.isfinite(v)) for v in loo.predicted[0]] == [False, True, True, False]
+    assert held_out.decision_error_table(loo).n_curves == 2
+    replicated = ladder + _curves(tpps=(20.0,), taus=(0.2,), sizes=(1e4, 3e5))
+    loo = held_out.leave_one_out(replicated, fit_kwargs=kwargs, fractions=(0.2,))
+    assert np.isfinite(loo.predicted).all() and held_out.decision_error_table(loo).n_curves == 6
