@@ -121,7 +121,11 @@ def _fit_mode(curves: list, settings: FitSettings, fit_m: bool, provenance: dict
     label = "five-parameter" if fit_m else "paper (m = 0.05)"
     candidates = {m.name: m for m in size_methods(base)}
     choice = None
-    if settings.size_method == "choose" and measured:
+    # The size comparison needs refits of two or more curves, so three curves suffice (the held-out
+    # decision error waits for four): with fewer the size term shipped unexamined, and on the width
+    # ladders of one run a width a three-width calibration shipped it 2-3x worse than the nearest
+    # width (issue 37).
+    if settings.size_method == "choose" and settings.held_out_error and len(curves) >= 3:
         _progress(f"{label}: how model size enters the prediction (leave-one-size-out)")
         choice = choose_size_method(curves, fit_kwargs=base, refits=refits, progress=_progress)
         method = choice.chosen
