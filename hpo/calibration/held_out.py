@@ -4,7 +4,9 @@ A calibration states how wrong a predicted final loss can be at a stop fraction 
 ``DecisionError`` a predictor carries). That statement is only worth what it was measured on:
 
 * **leave-one-out** (refit without each curve, predict it): the error for a new run *at the
-  calibrated scale* (the same model sizes, TPPs and τ as the bank);
+  calibrated scale* (the same model sizes, TPPs and τ as the bank); a curve that held out would
+  lie beyond every other on an axis is an extrapolation and left to the cross-scale groups
+  (:func:`beyond_the_rest`);
 * **across scales, per held-out group** (issue 15): along each axis (TPP, model size N, τ) the
   bank holds two or more values of, refit without every curve of one value and predict those
   (leave-one-group-out: interior and end values), and refit on the values up to (down from)
