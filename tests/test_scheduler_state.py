@@ -236,3 +236,11 @@ def test_waiting_rung_predicate():
     assert not state.rungs[0].waiting("a") and state.rungs[1].waiting("a")
     assert state.may_run("a", sync=True) is False and state.may_run("a", sync=False) is True
     assert state.may_run("b", sync=False) is False and state.may_run("unknown", sync=True) is True
+
+
+def test_binary_state_file_names_the_file(tmp_path):
+    # `hpo resume` on a folder whose state file is binary: one line, not a UnicodeDecodeError.
+    path = tmp_path / "scheduler_state.json"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(StateFileError, match="scheduler_state.json: not a scheduler state file .*binary"):
+        SchedulerState.load(path)

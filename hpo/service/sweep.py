@@ -28,6 +28,7 @@ from typing import Any, Optional
 import yaml
 
 from hpo.common.output_lock import hold_folder
+from hpo.common.paths import check_output_dir
 from hpo.decisions.scheduler_records import TrialStatus
 from hpo.common.overrides import ConfigError, read_yaml
 from hpo.trials.sweep_config import SweepConfig, load_sweep_config
@@ -174,16 +175,6 @@ def artifact_location(config: SweepConfig, output: Path) -> Optional[str]:
     return (output / "mlartifacts").as_uri()
 
 
-def _check_creatable(output: Path) -> None:
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"output_dir: {output} exists and is not a directory")
-    ancestor = output
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir: cannot create {output} ({ancestor} is not a writable directory)")
-
-
 def preflight_portable(config: SweepConfig) -> None:
     """The checks of :func:`preflight_sweep` that hold on any machine: the predictor file loads
     and the tracking URI works. ``hpo submit`` runs them (after the same ``load_sweep_config``)
@@ -196,8 +187,8 @@ def preflight_portable(config: SweepConfig) -> None:
 def preflight_sweep(config: SweepConfig) -> Path:
     """Every check of a new sweep that needs no write; returns the output directory."""
     preflight_portable(config)
+    check_output_dir(config.output_given(), "output_dir")  # empty, a dangling link, a file, not writable
     output = config.output_path()
-    _check_creatable(output)
     held = [m for m in SWEEP_MARKERS if (output / m).exists()]
     if held and not _started(config, output) and not _changed_fields(config, output):
         return output  # an earlier start of this very sweep failed before Ray saved anything: start again
@@ -339,10 +330,11 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
              created_in: Optional[Path] = None) -> dict[str, Any]:
     from ray import tune
     from ray.tune import ResumeConfig
+    from ray.tune.stopper import CombinedStopper
 
     from hpo.decisions.early_answer import EarlyAnswer
     from hpo.reporting.progress import RungAnnouncer, SlotUse, SweepProgress
-    from hpo.tracking.runs import JOB_TAG, MlflowSweepCallback, SweepTracker
+    from hpo.tracking.runs import JOB_TAG, MlflowResultLog, MlflowSweepCallback, SweepTracker
     from hpo.trials.trainable import short_trial_dirname
     from predictors import Predictor
 
@@ -383,10 +375,14 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         scheduler = build_scheduler(config, output, early, predictor, resume=restore, on_decision=announcer)
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
+            restore_early_answer(output, early, tracker)
         progress = SweepProgress(scheduler, announcer=announcer)
         slot_use = SlotUse(_trial_slots(config))
-        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
-        monitor_cbs, stopper = _monitor(config, predictor, tracker)
+        result_log = MlflowResultLog(tracker)  # first of the stoppers: before the scheduler sees a result
+        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction,
+                                        result_log=result_log)
+        monitor_cbs, monitor_stopper = _monitor(config, predictor, tracker)
+        stopper = CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log
         # In sync mode, paused trials count as live for max_concurrent_trials, which would
         # starve the rung of trials; concurrency then comes from per-trial resources alone.
         max_concurrent = config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None
@@ -408,6 +404,32 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         )
         outcome = _close(output, analysis, scheduler, tracker, predictor)
     return {"output": str(output), **outcome, "slot_use": slot_use.utilisation(), "mlflow": mlflow_where}
+
+
+def restore_early_answer(output: Path, early: Any, tracker: Any) -> bool:
+    """On resume: the early answer the scheduler state holds, written again to
+    ``predicted_best.json`` and the MLflow parent run if either lacks it. The state is written
+    first; a driver killed before the file or the tags were written lost the answer from both
+    places the user reads it. True when it was rebuilt."""
+    from hpo.reporting.analysis import EARLY_ANSWER_FILE
+    from hpo.tracking.runs import EARLY_ANSWER_TAG
+
+    answer = _state(output).get("early_answer")
+    if not answer:
+        return False
+    try:
+        on_disk = json.loads((output / EARLY_ANSWER_FILE).read_text()) == answer
+    except (OSError, ValueError):
+        on_disk = False
+    try:
+        tags = tracker.client.get_run(tracker.parent_run_id()).data.tags
+        tagged = tags.get(EARLY_ANSWER_TAG) == "1" and tags.get("predicted_best.trial_id") == str(answer.get("trial_id"))
+    except Exception:  # noqa: BLE001 - an unreadable parent: publish again
+        tagged = False
+    if on_disk and tagged:
+        return False
+    early(answer)  # writes the file, prints the answer, publishes it on the parent run
+    return True
 
 
 def _monitor(config: SweepConfig, predictor: Any, tracker: Any) -> tuple[list, Any]:

@@ -145,6 +145,7 @@ class SweepTracker:
         self._ids: dict[str, Any] = {"parent": None, "trials": {}}
         self._experiment_id: Optional[str] = None
         self._reopened: set[str] = set()  # child runs set RUNNING again in this driver run
+        self._created: set[str] = set()  # child runs created by this driver run (no history before it)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -290,6 +291,7 @@ class SweepTracker:
                       "status": str(TrialStatus.RUNNING)},
             )
             run_id = run.info.run_id
+            self._created.add(run_id)
         if self._ids["trials"].get(trial_id) != run_id:
             self._ids["trials"][trial_id] = run_id
             self._save_ids()
@@ -303,6 +305,13 @@ class SweepTracker:
             if self.client.get_run(run_id).info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
         return run_id
+
+    def last_logged_step(self, run_id: str, metric: str = "loss") -> int:
+        """The highest step of ``metric`` in a child run's history (-1: none); no request for
+        a run this driver created."""
+        if run_id in self._created:
+            return -1
+        return max((m.step for m in self.client.get_metric_history(run_id, metric)), default=-1)
 
     def close_child(self, trial_id: str, verdict: str, status: str = "FINISHED") -> None:
         run_id = self.child_run_id(trial_id, trial_id)
@@ -397,6 +406,50 @@ def _param_value(value: Any) -> str:
     return text[:6000]
 
 
+class MlflowResultLog(tune.Stopper):
+    """Each trial's step metrics into its MLflow run, *before* the scheduler sees the result.
+
+    Ray Tune hands a result to the stopper first, then to the scheduler (which persists its
+    decision, and the early answer, in ``scheduler_state.json``), then to the callbacks. Logged
+    from a callback, a driver killed between the scheduler's write and the callback lost the
+    result that decided the rung from the trial's metric history (2 of 3 kills). Logged here, a
+    result the scheduler has taken is in MLflow; a result logged but not taken is trained and
+    reported again after ``hpo resume`` and is then skipped by its step (as is every interval a
+    trial trains twice from an older checkpoint): each step reaches the history exactly once.
+    Stops nothing (it is a stopper only for where Ray calls it)."""
+
+    def __init__(self, tracker: SweepTracker) -> None:
+        self.tracker = tracker
+        self.names: dict[str, str] = {}  # trial id → Ray's trial name (run name), from on_trial_start
+        self._last_step: dict[str, int] = {}  # trial id → highest step in its run's history
+        self.logged: dict[str, int] = {}  # trial id → the step this driver logged last (for the callback)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        from mlflow.entities import Metric
+
+        if result.get("replayed"):
+            return False  # the last result of a trial that had finished before a resume: logged then
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        run_id = self.tracker.reopen_child(trial_id, self.names.get(trial_id, trial_id))
+        last = self._last_step.get(trial_id)
+        if last is None:
+            last = self._last_step[trial_id] = self.tracker.last_logged_step(run_id)
+        if step <= last:
+            return False  # already in the history (a step trained again after a kill)
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(result[key]), now, step) for key in STEP_METRICS
+                   if isinstance(result.get(key), (int, float)) and not isinstance(result.get(key), bool)
+                   and math.isfinite(float(result[key]))]
+        if metrics:
+            self.tracker.client.log_batch(run_id, metrics=metrics)
+        self._last_step[trial_id] = step
+        self.logged[trial_id] = step
+        return False
+
+    def stop_all(self) -> bool:
+        return False
+
+
 class MlflowSweepCallback(tune.Callback):
     """Tune callback writing each trial's params, step metrics and final status tag.
 
@@ -408,11 +461,19 @@ class MlflowSweepCallback(tune.Callback):
     """
 
     def __init__(self, tracker: SweepTracker, trial_status: Callable[[str], str],
-                 predicted_final: Callable[[str], Optional[float]] = lambda _: None) -> None:
+                 predicted_final: Callable[[str], Optional[float]] = lambda _: None,
+                 result_log: Optional[MlflowResultLog] = None) -> None:
         self.tracker = tracker
         self.trial_status = trial_status
         self.predicted_final = predicted_final
+        # With a result log (the sweep's stopper), the reported metrics are logged there, before
+        # the scheduler; this callback adds only the prediction the scheduler made from them.
+        self.result_log = result_log
         self._params_logged: set[str] = set()
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.result_log is not None:
+            self.result_log.names[trial.trial_id] = str(trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         from mlflow.entities import Metric, Param
@@ -439,6 +500,10 @@ class MlflowSweepCallback(tune.Callback):
         predicted = self.predicted_final(trial.trial_id)
         if predicted is not None:
             values["predicted_final_loss"] = predicted
+        if self.result_log is not None:
+            if self.result_log.logged.get(trial.trial_id) == step and predicted is not None:
+                client.log_batch(run_id, metrics=[Metric("predicted_final_loss", float(predicted), now, step)])
+            return
         metrics = []
         for key in STEP_METRICS:
             value = values.get(key)
