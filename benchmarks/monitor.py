@@ -182,11 +182,13 @@ def load_runs(max_runs: Optional[int]) -> list[dict[str, Any]]:
     return runs
 
 
-def cell_of(run: dict[str, Any]) -> str:
-    """Corpus, N and TPP (the stdlib runs the shipped predictor was calibrated on marked)."""
+def cell_of(run: dict[str, Any], calibrated_tpp: set[float]) -> str:
+    """Corpus, N and TPP (the runs the shipped predictor was fitted on marked: its calibration's
+    banks at the TPPs it was calibrated at)."""
     n = run["controls"].n_params
     size = f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
-    where = " (calibration runs)" if run["bank"] in CALIBRATION_BANKS else ""
+    fitted = run["bank"] in CALIBRATION_BANKS and float(run["controls"].tokens_per_param) in calibrated_tpp
+    where = " (calibration runs)" if fitted else ""
     return f"{run['corpus']}, N {size}, TPP {run['controls'].tokens_per_param:g}{where}"
 
 
@@ -239,6 +241,7 @@ def measure(predictor: Predictor, runs: list[dict[str, Any]]) -> dict[str, Any]:
     from predictors.references import ReferenceCurves
 
     band = predictor.monitor_band
+    calibrated_tpp = {float(x) for x in predictor.provenance.get("tokens_per_param", [])}
     loco = corpus_bands(predictor, runs)
     refs_of = partners(runs)
     out = []
@@ -250,7 +253,7 @@ def measure(predictor: Predictor, runs: list[dict[str, Any]]) -> dict[str, Any]:
             references = ReferenceCurves.from_curves(ref_runs, extrapolation="hold")
             bands = ReferenceBands.of(predictor, ref_runs, references)
         order = [run["corpus"] != "stdlib", run["corpus"], run["controls"].n_params, run["controls"].tokens_per_param]
-        row: dict[str, Any] = {"cell": cell_of(run), "order": order, "bank": run["bank"], "id": run["id"],
+        row: dict[str, Any] = {"cell": cell_of(run, calibrated_tpp), "order": order, "bank": run["bank"], "id": run["id"],
                                "references": len(ref_runs), "alarms": {}, "drifts": {}}
         for label, factor in [("clean", np.ones_like)] + [(f"{a:g}", drift(a / 100)) for a in DRIFTS]:
             curve = _curve(run, factor)
