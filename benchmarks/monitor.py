@@ -7,7 +7,9 @@ cells of one corpus and one model size. For each cell, in both modes of ``hpo mo
 
 * **predictor mode**: each run against the shipped predictor, with its predictor-mode band
   (measured by ``hpo calibrate`` on the stdlib calibration runs, each judged by its
-  leave-one-out refit): the Perl and C-header corpora are corpora the band never saw;
+  leave-one-out refit, and on the runs of its ``corpus_banks``, Perl and C headers), and with a
+  leave-one-corpus-out band (measured on the other corpora's runs only): the figure for a
+  corpus no band saw;
 * **reference mode** (the paper's way): each run against the runs of the same controls (τ, TPP,
   N, schedule) and *another seed*, as ``hpo monitor --reference FILE`` judges it: with the
   spread of those reference runs where the file holds ≥ 2 of them, else the stored
@@ -17,9 +19,7 @@ Measured per cell: false alarms on the clean runs; the clean spread at t̂ 0.8 (
 of r, the residual, and of d, its change after the alignment window: what the detector
 judges); and the **operating characteristic**: the smallest drift (in % of the loss by the end,
 rising linearly from t̂ 0.5) caught in ≥ 90% of the runs by t̂ 0.8, for the monitor and the peer
-rules (an alarm the clean copy raises by then too is not a catch). Predictor mode is measured
-twice: with the shipped band and with a leave-one-corpus-out band (measured on the clean runs
-of the other corpora). The drift is multiplied into the logged interval losses and the smoothed
+rules (an alarm the clean copy raises by then too is not a catch). The drift is multiplied into the logged interval losses and the smoothed
 loss recomputed with the run's own trailing window; peer rules see the interval losses, the
 monitor the smoothed loss. An alarm before t̂ 0.5 is a false alarm, never a catch. Real trainer
 faults: the curves benchmarks/monitor_faults.py banked in benchmarks/monitor_faults.csv.
