@@ -51,7 +51,7 @@ DEFAULT_MIN_POINTS = 3
 #: ``benchmarks/decisions.py::select_default``, the cheapest collapse setting that picked within
 #: σ_seed on ≥ 90% and kept the true best on ≥ 95% of the replicates of each development corpus
 #: (stdlib, Perl, C headers); docs/decisions.md has the held-out figures, misses included.
-DEFAULT_RUNGS = (0.2,)
+DEFAULT_RUNGS = (0.3,)
 DEFAULT_MARGIN_Z = 0.5
 #: Two sweep values within this relative distance are the same value (τ = B/(η·λ·D) is
 #: recomputed per run, and D is rounded to whole steps).

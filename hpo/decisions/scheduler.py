@@ -83,7 +83,7 @@ class CollapseScheduler(FIFOScheduler):
         metric, mode: the reported (smoothed) loss, and ``"min"`` (``"max"`` is refused: lower
             losses are better); None lets ``tune.TuneConfig`` set them.
         time_attr: the result key holding t̂.
-        rungs: the decision fractions, strictly increasing in (0, 1].
+        rungs: the decision fractions, strictly increasing in (0, 1).
         reduction_factor: at intermediate rungs the best ⌈n/rf⌉ continue (> 1).
         margin: ``"calibrated"`` (default): keep every trial whose predicted log-final is within
             ``margin_z`` × the predictor's ranking scale (for the sweep's kind, at the rung) of

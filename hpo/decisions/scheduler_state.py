@@ -309,7 +309,7 @@ class SchedulerState:
         st, recs = self.settings, list(self.trials.values())
         count = {s: sum(r.status == s for r in recs) for s in TrialStatus if s.terminal}
         margin = st.get("margin")
-        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', 1.0):g}"
+        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', rules.DEFAULT_MARGIN_Z):g}"
         lines = [f"Using CollapseScheduler ({st.get('decision_mode')}; {st.get('metric')} {st.get('mode')}; "
                  f"rf={st.get('reduction_factor', 0):g}; margin={margin_words}): "
                  f"{len(recs)} trials, {count['stopped']} stopped, {count['diverged']} diverged, "

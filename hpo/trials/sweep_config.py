@@ -27,6 +27,7 @@ from hpo.common.overrides import (
     read_yaml,
 )
 from hpo.decisions.rules import DEFAULT_MARGIN_Z, DEFAULT_RUNGS
+from hpo.decisions.scheduler_contract import check_rungs
 from predictors.equations import power_lines_tau
 from trainers.config import TrainConfig, refuse_bool_number
 
@@ -117,13 +118,12 @@ class SchedulerSettings(_Strict):
     @field_validator("rungs")
     @classmethod
     def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
-        if not rungs:
-            raise ValueError("list at least one decision fraction")
-        if any(not (0.0 < r < 1.0) for r in rungs):
-            raise ValueError("every rung must lie in (0, 1)")
-        if sorted(set(rungs)) != list(rungs):
-            raise ValueError("rungs must be strictly increasing")
-        return rungs
+        # The scheduler's own check (one home): the message without its "rungs: " prefix,
+        # which the field name already gives.
+        try:
+            return check_rungs(rungs)
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("rungs: ")) from None
 
     @field_validator("reduction_factor")
     @classmethod
