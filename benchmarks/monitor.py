@@ -7,7 +7,9 @@ cells of one corpus and one model size. For each cell, in both modes of ``hpo mo
 
 * **predictor mode**: each run against the shipped predictor, with its predictor-mode band
   (measured by ``hpo calibrate`` on the stdlib calibration runs, each judged by its
-  leave-one-out refit): the Perl and C-header corpora are corpora the band never saw;
+  leave-one-out refit, and on the runs of its ``corpus_banks``, Perl and C headers), and with a
+  leave-one-corpus-out band (measured on the other corpora's runs only): the figure for a
+  corpus no band saw;
 * **reference mode** (the paper's way): each run against the runs of the same controls (τ, TPP,
   N, schedule) and *another seed*, as ``hpo monitor --reference FILE`` judges it: with the
   spread of those reference runs where the file holds ≥ 2 of them, else the stored
@@ -17,9 +19,7 @@ Measured per cell: false alarms on the clean runs; the clean spread at t̂ 0.8 (
 of r, the residual, and of d, its change after the alignment window: what the detector
 judges); and the **operating characteristic**: the smallest drift (in % of the loss by the end,
 rising linearly from t̂ 0.5) caught in ≥ 90% of the runs by t̂ 0.8, for the monitor and the peer
-rules (an alarm the clean copy raises by then too is not a catch). Predictor mode is measured
-twice: with the shipped band and with a leave-one-corpus-out band (measured on the clean runs
-of the other corpora). The drift is multiplied into the logged interval losses and the smoothed
+rules (an alarm the clean copy raises by then too is not a catch). The drift is multiplied into the logged interval losses and the smoothed
 loss recomputed with the run's own trailing window; peer rules see the interval losses, the
 monitor the smoothed loss. An alarm before t̂ 0.5 is a false alarm, never a catch. Real trainer
 faults: the curves benchmarks/monitor_faults.py banked in benchmarks/monitor_faults.csv.
@@ -182,11 +182,13 @@ def load_runs(max_runs: Optional[int]) -> list[dict[str, Any]]:
     return runs
 
 
-def cell_of(run: dict[str, Any]) -> str:
-    """Corpus, N and TPP (the stdlib runs the shipped predictor was calibrated on marked)."""
+def cell_of(run: dict[str, Any], calibrated_tpp: set[float]) -> str:
+    """Corpus, N and TPP (the runs the shipped predictor was fitted on marked: its calibration's
+    banks at the TPPs it was calibrated at)."""
     n = run["controls"].n_params
     size = f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
-    where = " (calibration runs)" if run["bank"] in CALIBRATION_BANKS else ""
+    fitted = run["bank"] in CALIBRATION_BANKS and float(run["controls"].tokens_per_param) in calibrated_tpp
+    where = " (calibration runs)" if fitted else ""
     return f"{run['corpus']}, N {size}, TPP {run['controls'].tokens_per_param:g}{where}"
 
 
@@ -239,6 +241,7 @@ def measure(predictor: Predictor, runs: list[dict[str, Any]]) -> dict[str, Any]:
     from predictors.references import ReferenceCurves
 
     band = predictor.monitor_band
+    calibrated_tpp = {float(x) for x in predictor.provenance.get("tokens_per_param", [])}
     loco = corpus_bands(predictor, runs)
     refs_of = partners(runs)
     out = []
@@ -250,7 +253,7 @@ def measure(predictor: Predictor, runs: list[dict[str, Any]]) -> dict[str, Any]:
             references = ReferenceCurves.from_curves(ref_runs, extrapolation="hold")
             bands = ReferenceBands.of(predictor, ref_runs, references)
         order = [run["corpus"] != "stdlib", run["corpus"], run["controls"].n_params, run["controls"].tokens_per_param]
-        row: dict[str, Any] = {"cell": cell_of(run), "order": order, "bank": run["bank"], "id": run["id"],
+        row: dict[str, Any] = {"cell": cell_of(run, calibrated_tpp), "order": order, "bank": run["bank"], "id": run["id"],
                                "references": len(ref_runs), "alarms": {}, "drifts": {}}
         for label, factor in [("clean", np.ones_like)] + [(f"{a:g}", drift(a / 100)) for a in DRIFTS]:
             curve = _curve(run, factor)

@@ -211,8 +211,8 @@ def monitor_band(curves: list, predictor: Any, refits: Optional[held_out.Refits]
     13/116 false alarms on clean in-range runs). Without them, against ``predictor`` itself
     (in-sample). ``corpus_curves`` (complete runs of the ``corpus_banks``, other corpora the fit
     never saw) join the band, each against ``predictor``: a corpus's own shape is then part of
-    the spread the band allows (on the shipped stdlib band the Perl and C-header runs alarm at
-    36% and 79%: benchmarks/monitor.md). Reference mode (``band.reference``): each run against
+    the spread the band allows (against a band of the stdlib calibration runs alone, clean Perl
+    and C-header runs alarmed at 36% and 79%). Reference mode (``band.reference``): each run against
     the runs of the same corpus and controls and another seed
     (``predictors.monitor.pair_changes``), calibration and corpus runs alike; None without such
     pairs."""
