@@ -7,8 +7,9 @@ it), then, once read, from the number of curves the fit would hold. The budget i
 :data:`MEMORY_BUDGET_MB`, or ``HPO_MEMORY_MB`` where the machine has more (or less) to give.
 
 The estimates are upper bounds of peak RSS measured on a generated 99 MB CSV (17,682 runs of 60
-points, 12 columns; ``benchmarks/reliability.py``, section "Memory"), where reading peaked at
-533 MB and the fit's arrays grow by ~23 KB per curve on top of a fixed ~75 MB of chunked grids.
+points, 12 columns; ``benchmarks/curve_memory.py``): reading it peaked at 533 MB, the calibration
+at 549 MB over its first 7 minutes (estimated: 836 MB to read, 968 MB to fit), and between 300 and
+1,200 curves the fit's peak grows by ~23 KB per curve on top of a fixed ~75 MB of chunked grids.
 """
 
 from __future__ import annotations
