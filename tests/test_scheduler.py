@@ -214,6 +214,7 @@ def sched(**kw: Any) -> CollapseScheduler:
     kw.setdefault("metric", "loss")
     kw.setdefault("mode", "min")
     kw.setdefault("min_points", 2)
+    kw.setdefault("rungs", (0.1, 0.2, 0.3))  # the mechanics of three rungs (the shipped default has one)
     s = CollapseScheduler(**kw)
     s._strict = True  # re-raise internal errors in tests instead of logging them
     return s
@@ -777,7 +778,8 @@ def test_restore_refuses_mismatched_or_malformed_state(tmp_path):
     with pytest.raises(ValueError, match="rungs"):
         CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.2, 0.4), resume=True)
     with pytest.raises(ValueError, match="decision mode"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, decision_mode="audit", resume=True)
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.1, 0.2, 0.3), decision_mode="audit",
+                          resume=True)
     path.write_text("{")
     with pytest.raises(StateFileError, match="scheduler_state.json"):
         CollapseScheduler(predictor=FakePredictor(), state_path=path, resume=True)
@@ -1121,7 +1123,7 @@ def test_end_to_end_ray_tune_sync(tmp_path):
     answers: list[dict] = []
     scheduler = CollapseScheduler(
         predictor=FakePredictor(), min_points=2, state_path=tmp_path / "scheduler_state.json",
-        on_early_answer=answers.append, persist_interval_s=0.5,
+        rungs=(0.1, 0.2, 0.3), on_early_answer=answers.append, persist_interval_s=0.5,
     )
 
     class Seen(tune.Callback):

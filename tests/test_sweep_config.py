@@ -67,6 +67,18 @@ def test_rungs_must_be_increasing_fractions() -> None:
     assert "scheduler.rungs" in _error(BASE, "scheduler.rungs=[0.1, 1.5]")
 
 
+def test_rungs_are_checked_by_the_schedulers_own_rule() -> None:
+    # One home for the rung check: a rung at t̂ = 1 (it would decide after every trial
+    # finished) is refused by the sweep config and by CollapseScheduler with the same words.
+    from hpo.decisions.scheduler_contract import check_rungs
+
+    with pytest.raises(ValueError) as direct:
+        check_rungs([0.5, 1.0])
+    message = _error(BASE, "scheduler.rungs=[0.5, 1.0]")
+    assert "scheduler.rungs" in message and str(direct.value).removeprefix("rungs: ") in message
+    assert check_rungs((0.1, 0.2)) == [0.1, 0.2]
+
+
 def test_loguniform_needs_increasing_bounds() -> None:
     # A log-uniform range must have 0 < low < high.
     assert "search_space.lr" in _error({**BASE, "search_space": {"lr": {"loguniform": [0.1, 0.01]}}})

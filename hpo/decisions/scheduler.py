@@ -83,14 +83,14 @@ class CollapseScheduler(FIFOScheduler):
         metric, mode: the reported (smoothed) loss, and ``"min"`` (``"max"`` is refused: lower
             losses are better); None lets ``tune.TuneConfig`` set them.
         time_attr: the result key holding t̂.
-        rungs: the decision fractions, strictly increasing in (0, 1].
+        rungs: the decision fractions, strictly increasing in (0, 1).
         reduction_factor: at intermediate rungs the best ⌈n/rf⌉ continue (> 1).
         margin: ``"calibrated"`` (default): keep every trial whose predicted log-final is within
             ``margin_z`` × the predictor's ranking scale (for the sweep's kind, at the rung) of
             the predicted best; or a number ≥ 0: that margin in log units (0.02 ≈ 2%) at every
             rung; 0 keeps exactly the rule's survivors (``hpo.decisions.rules``).
-        margin_z: the calibrated margin in ranking-scale units (default 0.25: stop a trial when
-            its chance of ending better than the predicted best is below Φ(−0.25) ≈ 40%).
+        margin_z: the calibrated margin in units of the rung's σ (default 0.5: stop a trial when
+            its chance of ending better than the predicted best is below Φ(−0.5) ≈ 31%).
         tolerance: how close two final losses must be to count as the same result (loss units;
             None: the seed noise the predictor measured; ``hpo.decisions.rules.keep_rule``).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
@@ -120,7 +120,7 @@ class CollapseScheduler(FIFOScheduler):
 
     def __init__(
         self, *, predictor: Any, metric: Optional[str] = None, mode: Optional[str] = None,
-        time_attr: str = "train_fraction", rungs: Sequence[float] = (0.1, 0.2, 0.3),
+        time_attr: str = "train_fraction", rungs: Sequence[float] = rules.DEFAULT_RUNGS,
         reduction_factor: float = 2, margin: Union[str, float] = "calibrated",
         margin_z: float = rules.DEFAULT_MARGIN_Z, tolerance: Optional[float] = None, decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,

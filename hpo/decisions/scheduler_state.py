@@ -40,7 +40,7 @@ from hpo.decisions import rules
 from hpo.decisions.scheduler_contract import flat
 
 from hpo.decisions.scheduler_records import (  # noqa: F401 - the records are re-exported: one import for readers
-    DECISIONS, HALTED_STATUSES, TERMINAL_STATUSES, TRIAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
+    TERMINAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
     TrialStatus, _as_is, _plain_json, _str_keys, verdict)
 from predictors.curves import T_HAT_EPS
 from predictors.io import atomic_write_text, finite_or_none, json_safe  # noqa: F401 - finite_or_none re-exported
@@ -309,7 +309,7 @@ class SchedulerState:
         st, recs = self.settings, list(self.trials.values())
         count = {s: sum(r.status == s for r in recs) for s in TrialStatus if s.terminal}
         margin = st.get("margin")
-        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', 1.0):g}"
+        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', rules.DEFAULT_MARGIN_Z):g}"
         lines = [f"Using CollapseScheduler ({st.get('decision_mode')}; {st.get('metric')} {st.get('mode')}; "
                  f"rf={st.get('reduction_factor', 0):g}; margin={margin_words}): "
                  f"{len(recs)} trials, {count['stopped']} stopped, {count['diverged']} diverged, "

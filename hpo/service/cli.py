@@ -162,8 +162,9 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
 
     from hpo.calibration.curve_import import CurveImportError, load_curves_file
     from hpo.data import default_predictor_path
-    from hpo.monitor.command import CurveSource, follow, monitor_runs, plot_residuals, status_line
+    from hpo.monitor.command import CurveSource, ReferenceBands, follow, monitor_runs, plot_residuals, status_line
     from predictors import Predictor
+    from predictors.curves import controls_with_size
     from predictors.references import ReferenceCurves
 
     started = time.perf_counter()
@@ -181,6 +182,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--predictor: {exc}") from None
     references = None
+    bands = None
     if args.reference:
         try:
             refs = load_curves_file(args.reference, smoothing_fraction=args.smoothing_fraction).curves
@@ -189,22 +191,27 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         references = ReferenceCurves.from_curves(refs, extrapolation="hold")
         if not references.curves:
             raise ConfigError(f"--reference {args.reference}: no reference curve reports n_params")
+        bands = ReferenceBands.of(predictor, refs, references)
     output = Path(args.output) if args.output else None
     if output is not None and output.exists() and not output.is_dir():
         raise ConfigError(f"--output: {output} exists and is not a directory")
     if args.follow:
         try:
-            follow(source, predictor, references, every=args.every)
+            follow(source, predictor, references, every=args.every, bands=bands)
         except KeyboardInterrupt:
             print("stopped following (Ctrl-C)")
         return 0
     imported, _ = source.read()
     if imported is None:
         raise ConfigError(f"--job {args.job}: no trial has logged {args.metric!r} yet (try --follow)")
-    runs = monitor_runs(imported.curves, predictor, references)
+    runs = monitor_runs(imported.curves, predictor, references, bands)
     rows = [row for _, _, row in runs]
-    plots = plot_residuals(runs, predictor.monitor_band, output) if output is not None else []
-    band = predictor.monitor_band
+
+    def band_for(curve: Any) -> Any:
+        return predictor.monitor_band if bands is None else bands.for_run(controls_with_size(curve))[0]
+
+    plots = plot_residuals(runs, band_for, output) if output is not None else []
+    band = predictor.monitor_band if bands is None else bands.stored
     if args.json:
         print(json.dumps({"runs": rows, "notes": imported.notes, "source": imported.source,
                           "band": {"n_curves": band.n_curves, "source": band.source, "rule": band.rule.to_dict()},
@@ -214,7 +221,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['run_id']:<{width}}  {status_line(row)}")
     print(f"{sum(r['alarm'] for r in rows)} alarm(s) in {len(rows)} run(s); band: {band.source} ({band.n_curves} "
-          f"runs), rule |r - c| > {band.rule.z:g}σ for ≥ {band.rule.span:g} of training; "
+          f"runs or pairs), rule: {band.rule.describe()}; "
           f"{time.perf_counter() - started:.1f} s")
     for note in imported.notes:
         print(f"  note: {note}")

@@ -32,8 +32,8 @@ from hpo.common.paths import check_output_dir
 from hpo.decisions.scheduler_records import TrialStatus
 from hpo.common.overrides import ConfigError, read_yaml
 from hpo.trials.sweep_config import SweepConfig, load_sweep_config
-from hpo.tracking.uri import (TrackingUriError, check_tracking_uri, is_relative_sqlite, strip_credentials,
-                              use_credentials)
+from hpo.tracking.uri import (LOCAL_UI, TrackingUriError, check_tracking_uri, experiment_page, is_relative_sqlite,
+                              strip_credentials, use_credentials)
 from predictors.io import atomic_write_bytes, atomic_write_text
 
 STATE_FILE = "scheduler_state.json"
@@ -357,7 +357,8 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     artifacts = artifact_location(config, output)
     tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
                            artifact_location=artifacts)
-    params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
+    # Every scheduler setting is a param (two sweeps that differ only in margin_z differ in MLflow).
+    params = {"sweep": config.name, **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
         job_id = os.environ.get(JOB_ID_ENV)
@@ -450,7 +451,7 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     from ray.tune import ResultGrid
 
     from hpo.decisions.scheduler_state import TERMINAL_STATUSES
-    from hpo.reporting.report import write_report
+    from hpo.reporting.report import parent_table, pick_final_loss, write_report
 
     errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
     report = write_report(output, predictor=predictor)
@@ -467,6 +468,9 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
                                 "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
         except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
             pass
+    with contextlib.suppress(Exception):  # the answer and the rung table on the parent run's page
+        tracker.describe_sweep(report.early_answer, parent_table(report), report.compute_fraction,
+                               pick_final_loss(report))
     tracker.log_parent_artifacts([output / "report", output / STATE_FILE,
                                   output / "predicted_best.json", output / CONFIG_FILE])
     diverged = diverged_trials(state)
@@ -480,8 +484,8 @@ def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> d
     """Where the sweep's MLflow records are and how to browse them (credentials stripped):
     what ``mlflow ui`` and ``hpo calibrate --from-mlflow`` need."""
     uri = strip_credentials(tracking_uri)
-    browse = (f"mlflow ui --backend-store-uri {uri}" if not uri.startswith(("http://", "https://"))
-              else f"open {uri}")
+    browse = (f"mlflow ui --backend-store-uri {uri}, then open {experiment_page(LOCAL_UI, experiment_id)}"
+              if not uri.startswith(("http://", "https://")) else f"open {experiment_page(uri, experiment_id)}")
     return {"tracking_uri": uri, "experiment": experiment, "experiment_id": experiment_id,
             "text": f"MLflow: {uri}, experiment '{experiment}' (id {experiment_id}); browse: {browse}; "
                     f"reuse these curves: hpo calibrate --from-mlflow {experiment_id} --tracking-uri {uri}"}

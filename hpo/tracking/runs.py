@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Optional
 from ray import tune
 
 from hpo.common.errors import InputError
+from hpo.decisions.early_answer import config_words, early_answer_text, order_line
 from hpo.decisions.scheduler_records import TERMINAL_STATUSES, TrialStatus
 from hpo.tracking.uri import sqlite_path, strip_credentials
 from predictors import run_keys
@@ -64,6 +65,18 @@ STOP_TAG = "collapse_hpo.stopped"
 PUBLISHED_DIR = "collapse_hpo"
 EARLY_ANSWER_ARTIFACT = f"{PUBLISHED_DIR}/early_answer.json"
 PROGRESS_ARTIFACT = f"{PUBLISHED_DIR}/progress.json"
+#: The experiment tag MLflow 3's UI reads to tell model training from GenAI work: a sweep is
+#: model training. (MLflow 3.17's UI, with its GenAI / Model training switch, goes by the URL
+#: instead: ``hpo.tracking.uri.experiment_page`` is the link every message prints.)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: The run description the MLflow UI shows on a run's page and in its runs table.
+NOTE_TAG = "mlflow.note.content"
+#: Parent-run metrics: what the sweep answered, at a glance in the runs table.
+COMPUTE_METRIC = "compute_used"
+PICK_PREDICTED_METRIC = "pick_predicted_final_loss"
+PICK_FINAL_METRIC = "pick_final_loss"
+P_BEST_METRIC = "pick_probability_best"
 
 
 #: The ids this package puts into MLflow search filters (Ray job, trial and MLflow run ids).
@@ -168,9 +181,14 @@ class SweepTracker:
     def experiment_id(self) -> str:
         if self._experiment_id is None:
             existing = self.client.get_experiment_by_name(self.experiment)
-            self._experiment_id = (existing.experiment_id if existing is not None else
-                                   self.client.create_experiment(self.experiment,
-                                                                 artifact_location=self.artifact_location))
+            if existing is None:
+                self._experiment_id = self.client.create_experiment(
+                    self.experiment, artifact_location=self.artifact_location,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            else:
+                self._experiment_id = existing.experiment_id
+                if EXPERIMENT_KIND_TAG not in (existing.tags or {}):  # made before, or by someone else
+                    self.client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return self._experiment_id
 
     # ------------------------------------------------------------------ parent
@@ -252,6 +270,7 @@ class SweepTracker:
         whole answer as ``collapse_hpo/early_answer.json``, its main fields as tags."""
         parent = self.parent_run_id()
         self.client.log_text(parent, dumps(answer, indent=1), EARLY_ANSWER_ARTIFACT)
+        self.describe_sweep(answer)
         self.tag_parent({
             "predicted_best.trial_id": answer.get("trial_id"),
             "predicted_best.config": answer.get("config"),
@@ -260,11 +279,34 @@ class SweepTracker:
             "predicted_best.probability_best": answer.get("probability_best"),
             "predicted_best.rung": answer.get("rung"),
             "predicted_best.compute_fraction": answer.get("compute_fraction"),
-            "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
+            # The same short form the terminal prints (the margin's evidence is in report.md).
+            "predicted_best.order": order_line(answer) or "",
+            "predicted_best.answer": early_answer_text(answer),
             "predicted_best.kept": answer.get("kept"),
             # After the artifact: its presence tells a client that the artifact is complete.
             EARLY_ANSWER_TAG: "1",
         })
+
+    def describe_sweep(self, answer: Optional[dict[str, Any]], table_markdown: str = "",
+                       compute_used: Optional[float] = None, pick_final: Optional[float] = None) -> None:
+        """What the sweep answered, where the MLflow UI shows it first: the parent run's
+        description (the early answer, then the report's rung table, in markdown) and its
+        metrics (compute used, the pick's predicted final, P(best), and its true final once known)."""
+        from mlflow.entities import Metric, RunTag
+
+        parts = ["**Early answer**", "", "```", early_answer_text(answer), "```"] if answer else \
+            ["No early answer (no rung was decided with a prediction)."]
+        if table_markdown:
+            parts += ["", table_markdown]
+        now = int(time.time() * 1000)
+        values = {COMPUTE_METRIC: compute_used if compute_used is not None else (answer or {}).get("compute_fraction"),
+                  PICK_PREDICTED_METRIC: (answer or {}).get("predicted_final_loss"),
+                  P_BEST_METRIC: (answer or {}).get("probability_best"), PICK_FINAL_METRIC: pick_final}
+        metrics = [Metric(k, float(v), now, 0) for k, v in values.items()
+                   if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        # MLflow caps a tag value at 8,000 characters: a very long table is cut, report.md has it whole.
+        self.client.log_batch(self.parent_run_id(), metrics=metrics,
+                              tags=[RunTag(NOTE_TAG, "\n".join(parts)[:8000])])
 
     def finish_parent(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.parent_run_id(), status=status)
@@ -401,6 +443,14 @@ def record_stop(client: Any, parent_run_id: str, stop: dict[str, Any]) -> int:
     return ended + 1
 
 
+def child_run_name(trial: Any) -> str:
+    """A trial's run name in the MLflow UI: its config as the sweep searched it (``lr=0.005``),
+    or Ray's trial name when it has no searched values."""
+    config = {k: v for k, v in (getattr(trial, "config", None) or {}).items()
+              if not str(k).startswith("_") and isinstance(v, (int, float, str))}
+    return config_words(config) or str(trial)
+
+
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     return text[:6000]
@@ -420,7 +470,7 @@ class MlflowResultLog(tune.Stopper):
 
     def __init__(self, tracker: SweepTracker) -> None:
         self.tracker = tracker
-        self.names: dict[str, str] = {}  # trial id → Ray's trial name (run name), from on_trial_start
+        self.names: dict[str, str] = {}  # trial id → its run name (child_run_name), from on_trial_start
         self._last_step: dict[str, int] = {}  # trial id → highest step in its run's history
         self.logged: dict[str, int] = {}  # trial id → the step this driver logged last (for the callback)
 
@@ -473,12 +523,12 @@ class MlflowSweepCallback(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self.result_log is not None:
-            self.result_log.names[trial.trial_id] = str(trial)
+            self.result_log.names[trial.trial_id] = child_run_name(trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         from mlflow.entities import Metric, Param
 
-        run_id = self.tracker.reopen_child(trial.trial_id, str(trial))
+        run_id = self.tracker.reopen_child(trial.trial_id, child_run_name(trial))
         client = self.tracker.client
         if trial.trial_id not in self._params_logged:
             params = [Param(k, _param_value(result[k])) for k in TRIAL_PARAMS if k in result]
@@ -521,7 +571,7 @@ class MlflowSweepCallback(tune.Callback):
             # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.
             from mlflow.entities import Metric
 
-            run_id = self.tracker.child_run_id(trial.trial_id, str(trial))
+            run_id = self.tracker.child_run_id(trial.trial_id, child_run_name(trial))
             self.tracker.client.log_batch(run_id, metrics=[
                 Metric("final_loss", float(final), int(time.time() * 1000), int(last.get("step", 0)))])
         self.tracker.close_child(trial.trial_id, status, "FAILED" if failed else "FINISHED")

@@ -46,6 +46,17 @@ class TrackingUriError(InputError):
     """The tracking URI cannot be used; the message names the field and the (stripped) URI."""
 
 
+#: ``mlflow ui``'s own address when started without ``--host``/``--port``.
+LOCAL_UI = "http://127.0.0.1:5000"
+
+
+def experiment_page(ui: str, experiment_id: object) -> str:
+    """The MLflow UI's page of an experiment, on its runs table: MLflow 3's UI opens an
+    experiment on its GenAI pages (traces, latency) unless the URL asks for model training
+    (``workflowType=machine_learning``; its sidebar switch remembers the choice per browser)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def strip_credentials(text: str) -> str:
     """``text`` with the user part of every URI in it removed:
     ``http://user:secret@host:5000/x`` → ``http://host:5000/x``. Works on a bare URI and on

@@ -26,7 +26,8 @@ from hpo.common.overrides import (
     format_validation_error,
     read_yaml,
 )
-from hpo.decisions.rules import DEFAULT_MARGIN_Z
+from hpo.decisions.rules import DEFAULT_MARGIN_Z, DEFAULT_RUNGS
+from hpo.decisions.scheduler_contract import check_rungs
 from predictors.equations import power_lines_tau
 from trainers.config import TrainConfig, refuse_bool_number
 
@@ -97,7 +98,7 @@ class SchedulerSettings(_Strict):
     """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
 
     mode: Literal["sync", "async", "audit"] = "sync"
-    rungs: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3])
+    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # hpo.decisions.rules
     reduction_factor: float = 2.0
     # "calibrated" (default): keep every trial whose predicted log-final is within margin_z
     # times the predictor's ranking scale (for this kind of sweep, at the rung) of the
@@ -117,13 +118,12 @@ class SchedulerSettings(_Strict):
     @field_validator("rungs")
     @classmethod
     def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
-        if not rungs:
-            raise ValueError("list at least one decision fraction")
-        if any(not (0.0 < r < 1.0) for r in rungs):
-            raise ValueError("every rung must lie in (0, 1)")
-        if sorted(set(rungs)) != list(rungs):
-            raise ValueError("rungs must be strictly increasing")
-        return rungs
+        # The scheduler's own check (one home): the message without its "rungs: " prefix,
+        # which the field name already gives.
+        try:
+            return check_rungs(rungs)
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("rungs: ")) from None
 
     @field_validator("reduction_factor")
     @classmethod

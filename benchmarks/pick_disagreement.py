@@ -1,0 +1,63 @@
+"""Where predicted-best and current-best pick different trials, and which finished better.
+
+For every B-at-fixed-λ sweep (η 0.01, 5-6 batch sizes, one λ) of the decision banks on three
+corpora, at t̂ = 0.1, 0.2 and 0.3: the trial with the lowest predicted final loss (the shipped
+predictor, predicted finals alone) against the trial with the lowest loss so far, and both
+trials' true finals. This is what a small packaged "crossing" sweep would show a user.
+
+    python benchmarks/pick_disagreement.py        # ~1 min; prints a markdown table
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hpo.calibration.calibrate import bank_curves, load_bank  # noqa: E402
+from hpo.data import default_predictor_path  # noqa: E402
+from hpo.decisions import rules  # noqa: E402
+from predictors import Predictor  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+BANKS = ("decisions", "decisions_perl", "decisions_cheaders")
+
+
+def main() -> None:
+    predictor = Predictor.load(default_predictor_path())
+    rows, looks, differ, better = [], 0, 0, 0
+    for bank in BANKS:
+        curves = bank_curves(load_bank(REPO / f"configs/calibration/{bank}_bank.parquet"))
+        # The B-at-fixed-λ sweep: at η 0.01, the λ shared by the most batch sizes.
+        at_eta = [c for c in curves if abs(c.meta["eta"] - 0.01) < 1e-9]
+        lam = max({round(c.meta["weight_decay"], 6) for c in at_eta},
+                  key=lambda v: len({c.meta["batch_size"] for c in at_eta if round(c.meta["weight_decay"], 6) == v}))
+        print(f"{bank}: λ {lam:g}", file=sys.stderr)
+        by_seed: dict[int, list] = {}
+        for c in curves:
+            if c in at_eta and round(c.meta["weight_decay"], 6) == lam:
+                by_seed.setdefault(int(c.meta["seed"]), []).append(c)
+        for seed, sweep in sorted(by_seed.items()):
+            finals = [c.final_loss for c in sweep]
+            for s in (0.1, 0.2, 0.3):
+                at = [rules.predict_at_rung(predictor, c.t_hat, c.loss, c.controls, s) for c in sweep]
+                pick_p = int(np.argmin([p.final_loss or np.inf for p in at]))
+                pick_l = int(np.argmin([p.loss or np.inf for p in at]))
+                looks += 1
+                if sweep[pick_p].meta["batch_size"] != sweep[pick_l].meta["batch_size"]:
+                    differ += 1
+                    better += finals[pick_p] < finals[pick_l]
+                    rows.append(f"| {bank} | {seed} | {s:g} | B {sweep[pick_p].meta['batch_size']:.0f}: "
+                                f"{finals[pick_p]:.4f} | B {sweep[pick_l].meta['batch_size']:.0f}: "
+                                f"{finals[pick_l]:.4f} | {min(finals):.4f} |")
+    print("| bank | seed | t̂ | predicted-best: final | current-best: final | best final |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\n{differ} of {looks} looks pick different trials; predicted-best finished better in {better}.")
+
+
+if __name__ == "__main__":
+    main()
