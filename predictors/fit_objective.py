@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -151,6 +151,18 @@ def model_mae(d: FitData, model: np.ndarray, rows: Any = slice(None), l0: Any = 
 
 def chunks(k: int, per: int, budget: int = 2_000_000) -> range:
     return range(0, k, max(1, budget // max(per, 1)))
+
+
+def grid_scores(d: FitData, axis: np.ndarray, score: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The objective (mean per-curve MAE) at each candidate of ``axis``: ``score(values)`` maps
+    candidates shaped (k, 1, 1) to per-curve MAEs (k, C). Evaluated a few candidates at a time,
+    so at most ~:func:`chunks`' budget of model values live at once: all 164 candidates of a
+    17,682-curve fit at once held 164 x curves x grid values in each temporary (13 GB)."""
+    out = np.empty(axis.size)
+    step = chunks(axis.size, d.ell.size).step
+    for k in range(0, axis.size, step):
+        out[k : k + step] = score(axis[k : k + step, None, None]).mean(axis=-1)
+    return out
 
 
 def table(d: FitData, log_axis: np.ndarray, fixed: np.ndarray, m: float, vary: str, l0: float = 0.0) -> np.ndarray:

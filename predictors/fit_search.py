@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from predictors.fit_objective import FitBounds, FitData, curve_mae, lookup, m_curves, table
+from predictors.fit_objective import FitBounds, FitData, chunks, curve_mae, grid_scores, lookup, m_curves, table
 from predictors.surrogate import B_BOX, Q_BOX
 
 # An exponent is fitted only when its covariate (τ or TPP) spans at least this factor.
@@ -112,8 +112,9 @@ def _size_step(s: Search, state: FitState, best: float) -> tuple[FitState, float
     """The size exponent of m(N) = m·(N/N_ref)^m_size_exp on a grid, b and q fixed."""
     size_axis = np.linspace(s.bounds.m_size_exp[0], s.bounds.m_size_exp[1], 4 * s.grid_size + 1)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        scores = curve_mae(s.d, state.b(s.d), state.q(s.d), m_curves(s.d, state.m, size_axis[:, None, None]),
-                           l0=state.irreducible).mean(axis=-1)
+        b, q = state.b(s.d), state.q(s.d)
+        scores = grid_scores(s.d, size_axis, lambda sizes: curve_mae(s.d, b, q, m_curves(s.d, state.m, sizes),
+                                                                      l0=state.irreducible))
     scores = np.where(np.isfinite(scores), scores, OUTSIDE_BOX)
     k = int(np.argmin(scores))
     if float(scores[k]) < best:
@@ -140,8 +141,9 @@ def _q_step(s: Search, state: FitState, best: float) -> tuple[FitState, float]:
 def _m_step(s: Search, state: FitState, best: float) -> tuple[FitState, float]:
     """m on a log grid, b and q fixed."""
     ms = np.exp(np.linspace(math.log(s.bounds.m[0]), math.log(s.bounds.m[1]), 4 * s.grid_size))
-    scores = curve_mae(s.d, state.b(s.d), state.q(s.d), m_curves(s.d, ms[:, None, None], state.m_size_exp),
-                       l0=state.irreducible).mean(axis=-1)
+    b, q = state.b(s.d), state.q(s.d)
+    scores = grid_scores(s.d, ms, lambda m: curve_mae(s.d, b, q, m_curves(s.d, m, state.m_size_exp),
+                                                      l0=state.irreducible))
     k = int(np.argmin(scores))
     if float(scores[k]) < best:
         return replace(state, m=float(ms[k])), float(scores[k])
@@ -151,7 +153,8 @@ def _m_step(s: Search, state: FitState, best: float) -> tuple[FitState, float]:
 def _irreducible_step(s: Search, state: FitState, best: float) -> tuple[FitState, float]:
     """L̂ on a grid in [0, l0_max], everything else fixed."""
     l0s = np.linspace(0.0, s.l0_max, 4 * s.grid_size)
-    scores = curve_mae(s.d, state.b(s.d), state.q(s.d), state.m_curves(s.d), l0=l0s[:, None, None]).mean(axis=-1)
+    b, q, m = state.b(s.d), state.q(s.d), state.m_curves(s.d)
+    scores = grid_scores(s.d, l0s, lambda l0: curve_mae(s.d, b, q, m, l0=l0))
     k = int(np.argmin(scores))
     if float(scores[k]) < best:
         return replace(state, irreducible=float(l0s[k])), float(scores[k])
@@ -214,8 +217,13 @@ def grid_pair(
     for zoom in range(3):
         lcs = np.linspace(lc_lo, lc_hi, size)
         es = np.linspace(e_lo, e_hi, size) if free_exp else np.zeros(1)
-        x = lcs[:, None, None] + es[None, :, None] * log_x[None, None, :]
-        score = lookup(table, axis, x).mean(axis=-1)
+        # A few rows of the grid at a time: the whole (size, size, curves) grid held ~1.5 GB in
+        # its temporaries at 17,682 curves.
+        score = np.empty((lcs.size, es.size))
+        step = chunks(lcs.size, es.size * log_x.size).step
+        for k in range(0, lcs.size, step):
+            x = lcs[k : k + step, None, None] + es[None, :, None] * log_x[None, None, :]
+            score[k : k + step] = lookup(table, axis, x).mean(axis=-1)
         i, j = np.unravel_index(int(np.argmin(score)), score.shape)
         best = (float(lcs[i]), float(es[j]))
         # Zoom: ±2 grid cells around the best point.

@@ -46,6 +46,7 @@ import pandas as pd
 
 from hpo.common.errors import InputError
 from hpo.common.paths import PathError, check_input_file
+from hpo.calibration.memory import MemoryBudgetError, check_curve_file_memory
 from hpo.tracking.uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
 from predictors import Controls, Curve, smooth_loss
 from predictors.equations import adamw_timescale
@@ -97,24 +98,6 @@ class ImportedCurves:
     source: str = ""
 
 
-#: Largest curve file read (MB), unless the environment variable raises it: a calibration
-#: needs a few hundred points per run, and pandas holds ~100x a CSV's size while reading it.
-MAX_CURVE_MB = 100.0
-MAX_CURVE_MB_ENV = "HPO_MAX_CURVE_MB"
-
-
-def max_curve_mb() -> float:
-    """The curve-file size limit in MB (``HPO_MAX_CURVE_MB``, else :data:`MAX_CURVE_MB`)."""
-    raw = os.environ.get(MAX_CURVE_MB_ENV)
-    try:
-        value = float(raw) if raw else MAX_CURVE_MB
-    except ValueError:
-        raise CurveImportError(f"{MAX_CURVE_MB_ENV}: {raw!r} is not a number of MB") from None
-    if not (math.isfinite(value) and value > 0):
-        raise CurveImportError(f"{MAX_CURVE_MB_ENV}: {raw!r} must be a finite number of MB > 0")
-    return value
-
-
 def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
                      complete_only: bool = True) -> ImportedCurves:
     """Read a ``.csv`` or ``.parquet`` curve file (never pickle) and build its curves.
@@ -143,12 +126,10 @@ def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
         check_input_file(path, what="curve file")  # missing, a directory, a FIFO (the read would block)
     except PathError as exc:
         raise CurveImportError(str(exc)) from None
-    limit_mb = max_curve_mb()
-    size_mb = path.stat().st_size / 2**20
-    if size_mb > limit_mb:
-        # A 200 MB CSV grew to 24 GB in pandas before the OOM killer ended it.
-        raise CurveImportError(f"{path}: curve file is {size_mb:,.0f} MB, above the {limit_mb:g} MB limit "
-                               f"(set {MAX_CURVE_MB_ENV}=N to read a larger one; thin the points per run first)")
+    try:
+        check_curve_file_memory(path)  # before parsing: a 99 MB CSV once grew to 8 GB in the fit
+    except MemoryBudgetError as exc:
+        raise CurveImportError(str(exc)) from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
