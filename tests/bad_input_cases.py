@@ -183,6 +183,14 @@ CASES: list[Case] = [
          ("output_dir", "not a directory")),
     Case("num_cpus_zero", "`ray.num_cpus: 0`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"ray.num_cpus": 0})), ("ray.num_cpus",)),
+    Case("search_unknown_algorithm", "`search.algorithm: bayes`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search.algorithm": "bayes"})), ("search.algorithm", "optuna")),
+    Case("search_optuna_on_grid", "`search.algorithm: optuna` over a `grid`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search.algorithm": "optuna"})), ("search.algorithm", "lr", "choice")),
+    Case("search_startup_without_optuna", "`search.n_startup_trials` with random search", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search.n_startup_trials": 5})), ("n_startup_trials", "optuna")),
+    Case("search_max_concurrent_zero", "`search.max_concurrent: 0`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search.max_concurrent": 0})), ("search.max_concurrent",)),
 ]
 
 
