@@ -319,16 +319,16 @@ def report(result: dict[str, Any], out_md: Path, out_png: Path) -> str:
         median = [np.median([t.regret_at(b) for t in ts]) for b in budgets]
         ax.plot(budgets, np.where(np.isfinite(median), median, np.nan), label=name)
         need = compute_to_target(ts, sigma, budget)
-        need_best = compute_to_target(ts, 0.0, budget)
         at = {f: float(np.mean([t.regret_at(f * n_configs) <= sigma for t in ts])) for f in (0.25, 0.5, 1.0)}
         med = {f: float(np.median([t.regret_at(f * n_configs) for t in ts])) for f in (0.25, 0.5)}
-        rows.append((name, need, need_best, at, med, float(np.mean([t.n_trials for t in ts])),
+        rows.append((name, need, at, med, float(np.mean([t.n_trials for t in ts])),
                      float(np.mean([t.n_distinct for t in ts]))))
         del share
     ax.axhline(sigma, color="grey", ls=":", label="σ_seed")
     ax.set_xlabel("compute (full runs; the grid once = %d)" % n_configs)
     ax.set_ylabel("median regret over searcher seeds (final loss)")
     ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     ax.set_title("Search + stopping on replayed curves (%d configs x %d seeds)" % (n_configs, len(grid.seeds)),
                  fontsize=9)
@@ -337,7 +337,7 @@ def report(result: dict[str, Any], out_md: Path, out_png: Path) -> str:
     plt.close(fig)
 
     base = {r[0]: r[1] for r in rows}
-    best_of = {r[0]: r[2] for r in rows}
+    near = sum(v - grid.best <= sigma for v in grid.true_value.values())
     lines = [
         "# Search benchmark: searcher + stopping on replayed curves",
         "",
@@ -352,13 +352,16 @@ def report(result: dict[str, Any], out_md: Path, out_png: Path) -> str:
         f"Grid best (mean over seeds) {grid.best:.4f}. Definitions and methods: the docstring of "
         "`benchmarks/search.py`. Reproduce: `python benchmarks/search.py`.",
         "",
-        "| method | compute to within σ_seed on ≥ 90% of seeds | to the grid's best on ≥ 90% | "
+        f"{near} of the {n_configs} configurations are within σ_seed of the best: the target is a coarse one "
+        "on this grid, and a searcher's edge shows first in the share of seeds there at small budgets.",
+        "",
+        "| method | compute to within σ_seed on ≥ 90% of seeds | "
         "share within σ at 0.25 / 0.5 / 1 grid | median regret at 0.25 / 0.5 grid | trials (distinct configs) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|",
     ]
-    for name, need, need_best, at, med, n_trials, n_distinct in rows:
+    for name, need, at, med, n_trials, n_distinct in rows:
         need_text = f"{need:.1f} ({need / n_configs:.2f} grid)" if need is not None else f"missed (> {budget:g})"
-        lines.append(f"| {name} | {need_text} | {_need(need_best, budget)} | "
+        lines.append(f"| {name} | {need_text} | "
                      f"{at[0.25]:.0%} / {at[0.5]:.0%} / {at[1.0]:.0%} | "
                      f"{_fmt(med[0.25])} / {_fmt(med[0.5])} | {n_trials:.0f} ({n_distinct:.1f}) |")
     lines += ["", "![regret against compute](search.png)", ""]
