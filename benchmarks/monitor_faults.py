@@ -1,7 +1,8 @@
-"""Two real faults made with the real trainer, each beside its clean twin (issue 26) ->
+"""Real faults made with the real trainer, each beside its clean twin ->
 benchmarks/monitor_faults.csv (the curve-import format ``hpo monitor`` reads).
 
-    nice -n 5 python benchmarks/monitor_faults.py     # ~4 CPU-minutes on one thread
+    nice -n 5 python benchmarks/monitor_faults.py                # all, ~7 CPU-minutes on one thread
+    nice -n 5 python benchmarks/monitor_faults.py --only bf16    # the faults whose name starts so
 
 The quickstart's model and data (0.1M parameters, TPP 20, τ 0.3, linear schedule, 10% warmup).
 Each twin trains uninterrupted; its faulty copy resumes from the twin's own checkpoint at
@@ -12,6 +13,11 @@ t̂ = 0.4 (the trainer's resume is exact, so the two share every step before it)
 * ``data_replay_at_restarts`` (η = 0.02): the job restarts at t̂ ≈ 0.4, 0.55, 0.7 and 0.85 and each
   restart re-seeds the data loader instead of restoring its state, so the stream replays its
   first batches after every restart (a loader whose position is not checkpointed).
+* ``bf16_weights_at_resume`` (η = 0.01), at 0.1M and at 24K parameters (d_model 32): a numerical
+  fault, the paper's kind: from the resume on, the weights are kept in bfloat16 (every parameter
+  rounded to bf16 after each optimizer step, as when the fp32 master copy is lost). Updates
+  smaller than half a bf16 ulp vanish, more of them as the LR decays, so the loss falls more
+  slowly than its twin's: no spike, a slow drift.
 
 Nothing in ``trainers/`` changes: the faults are applied to a ``Trainer`` from outside, after
 ``load_checkpoint``. Every resume is marked (column ``restart``), as the trainer's runner marks
@@ -20,6 +26,7 @@ them, so the monitor gives it its grace; the fault must show after that.
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -36,9 +43,15 @@ OUT = Path(__file__).with_name("monitor_faults.csv")
 RESUME_AT = 0.4
 
 
-def base_config(lr: float) -> dict[str, Any]:
+#: The width ladder's smallest model (24K parameters; configs/calibration/width_ladder.yaml).
+SMALL_MODEL = {"d_model": 32, "n_layers": 2, "d_head": 32, "seq_len": 64, "base_d_model": 64, "base_n_layers": 2}
+
+
+def base_config(lr: float, model: dict[str, Any] | None = None) -> dict[str, Any]:
     config = dict(load_sweep_config(sweep_config_path("quickstart")).trainer)
     config.update(lr=lr, eval_every=100, threads=1, device="cpu", compile=False)
+    if model is not None:
+        config["model"] = dict(model)
     return config
 
 
@@ -49,6 +62,18 @@ def double_lr(trainer: Trainer) -> None:
 
 def reseed_loader(trainer: Trainer) -> None:
     trainer.sampler.generator.manual_seed(trainer.config.data.data_seed)
+
+
+def bf16_weights(trainer: Trainer) -> None:
+    """From now on every parameter is rounded to bfloat16 after each optimizer step."""
+    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def round_to_bf16(*_: Any) -> None:
+        for p in params:
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+    trainer.optimizer.register_step_post_hook(round_to_bf16)
 
 
 def train(config: dict[str, Any], restarts: tuple[float, ...] = (), fault: Callable[[Trainer], None] | None = None,
@@ -75,9 +100,10 @@ def train(config: dict[str, Any], restarts: tuple[float, ...] = (), fault: Calla
     return [{**r, "restart": int(i in marks)} for i, r in enumerate(trainer.history)]
 
 
-def pair(name: str, lr: float, fault: Callable[[Trainer], None], later: tuple[float, ...]) -> list[dict[str, Any]]:
+def pair(name: str, lr: float, fault: Callable[[Trainer], None], later: tuple[float, ...],
+         model: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The clean twin (checkpointed at RESUME_AT) and its faulty copy resumed from there."""
-    config = base_config(lr)
+    config = base_config(lr, model)
     with tempfile.TemporaryDirectory() as tmp:
         twin = Trainer(config, warn_repeats=False)
         while not twin.done:
@@ -98,12 +124,33 @@ def pair(name: str, lr: float, fault: Callable[[Trainer], None], later: tuple[fl
     return rows
 
 
+#: name -> (peak LR, fault, later restarts, model or None for the quickstart's).
+FAULTS: dict[str, tuple[float, Callable[[Trainer], None], tuple[float, ...], dict[str, Any] | None]] = {
+    "lr_x2_at_resume": (0.01, double_lr, (), None),
+    "data_replay_at_restarts": (0.02, reseed_loader, (0.55, 0.7, 0.85), None),
+    "bf16_weights_at_resume": (0.01, bf16_weights, (), None),
+    "bf16_weights_at_resume_24k": (0.01, bf16_weights, (), SMALL_MODEL),
+}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="train only the faults whose name starts with this; "
+                                                   "their rows replace theirs in the existing CSV")
+    args = parser.parse_args()
+    chosen = [name for name in FAULTS if name.startswith(args.only)]
+    if not chosen:
+        parser.error(f"--only {args.only!r}: no fault of that name (known: {', '.join(FAULTS)})")
     torch.set_num_threads(1)
     started = time.process_time()
-    rows = pair("lr_x2_at_resume", 0.01, double_lr, ())
-    rows += pair("data_replay_at_restarts", 0.02, reseed_loader, (0.55, 0.7, 0.85))
+    rows = []
+    for name in chosen:
+        lr, fault, later, model = FAULTS[name]
+        rows += pair(name, lr, fault, later, model)
     frame = pd.DataFrame(rows)
+    if args.only and OUT.exists():
+        old = pd.read_csv(OUT)
+        frame = pd.concat([old[~old["run_id"].isin(set(frame["run_id"]))], frame], ignore_index=True)
     frame.to_csv(OUT, index=False, float_format="%.6g")
     print(f"wrote {OUT} ({len(frame)} rows, {time.process_time() - started:.0f} CPU-s)")
 

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpo.decisions.scheduler import CollapseScheduler  # noqa: E402
 from hpo.trials.simulator import SimulatedSweep  # noqa: E402
 from hpo.common.tables import markdown_table  # noqa: E402
+from hpo.data import default_predictor_path  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 from predictors.io import atomic_write_text  # noqa: E402
 
@@ -97,7 +98,9 @@ def measure(n: int, predictor: Predictor) -> dict[str, float]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", nargs="+", type=int, default=[10, 100, 1000, 10000])
-    p.add_argument("--predictor", default="hpo/data/predictors/default.json")
+    # The shipped predictor, found from the package (not the working directory): runs from anywhere.
+    p.add_argument("--predictor", default=str(default_predictor_path()),
+                   help="predictor JSON (default: the shipped one)")
     p.add_argument("--md", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
     predictor = Predictor.load(args.predictor)

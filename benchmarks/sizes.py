@@ -30,8 +30,8 @@ the RMS error of the same predictions (band / RMS: about 2 when σ is the size o
 
 Extrapolation by distance: besides the headline split (the ``--held`` largest widths held out),
 every split of the ladder into the k smallest widths (calibration) and the rest (predicted) is
-run, k = 2 … n − 1 (``--splits``), and each predicted run is binned by how far beyond the
-largest calibrated size it is (N / N_max: ≤ 2×, 2–4×, > 4×); per method and bin the same
+run, k = 2 … n − 1 (``--splits``; a k whose calibration would hold fewer than 3 runs is
+skipped), and each predicted run is binned by how far beyond the largest calibrated size it is (N / N_max: ≤ 2×, 2–4×, > 4×); per method and bin the same
 scores, and the curve MAE against the oracle's on the same runs. Runs of several splits are
 counted once per split: a width 2.2× beyond one calibration is 1.3× beyond the next.
 
@@ -326,6 +326,53 @@ def _misses(fitted: dict[int, dict[str, Predictor]], curves: Sequence[Curve], si
                             "stated ±2σ"], miss_rows) if miss_rows else "none")
 
 
+#: The stop fractions the targets judge the default's error at (the decision fractions).
+TARGET_FRACTIONS = (0.1, 0.2, 0.3)
+
+
+def pooled_scores(fitted: dict[int, dict[str, Predictor]], curves: Sequence[Curve],
+                  sizes: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """Per method, :func:`summarise` of every prediction of every split (the predictors
+    calibrated on the k smallest widths predicting every larger width), with ``target_mae``:
+    the mean over s ≤ 0.3 of the mean |error| of the final."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, _ in METHODS:
+        records: dict[float, list[Any]] = {s: [] for s in FRACTIONS}
+        for k, by_label in fitted.items():
+            beyond = [c for c in curves if curve_size(c) in sizes[k:]]
+            for s, r in predictions(by_label[label], beyond).items():
+                records[s] += r
+        row = summarise(records)
+        row["target_mae"] = float(np.mean([row["mean_abs"][s] for s in TARGET_FRACTIONS]))
+        out[label] = row
+    return out
+
+
+def _targets_table(pooled: dict[str, dict[str, Any]], chosen_names: Sequence[str]) -> str:
+    """The targets, on every prediction of every split: the default's MAE at s ≤ 0.3 against the
+    best single method (≤ 1.2×) and the nearest width at every s (never worse), ±2σ coverage
+    (≥ 90%) and ±2σ / RMS (≤ 3) at every s."""
+    method_of = dict(METHODS)
+    chosen = next(label for label, m in METHODS if m == "choose")
+    naive = pooled[METHODS[-1][0]]
+    singles = {label: r for label, r in pooled.items() if method_of[label] != "choose"}
+    best = min(singles, key=lambda label: singles[label]["target_mae"])
+    rows = []
+    for label, _ in METHODS:
+        r = pooled[label]
+        name = f"{label}: {', '.join(chosen_names)}" if label == chosen else label
+        worse = [s for s in FRACTIONS if r["mean_abs"][s] > naive["mean_abs"][s] + 1e-12]
+        rows.append([name, str(max(r["n"].values())), " / ".join(_pct(r["mean_abs"][s]) for s in FRACTIONS),
+                     _pct(r["target_mae"]), f"{r['target_mae'] / singles[best]['target_mae']:.2f}×",
+                     "yes" if not worse else "no (s = " + ", ".join(f"{s:g}" for s in worse) + ")",
+                     " / ".join(_pct(r["coverage"][s]) for s in FRACTIONS),
+                     " / ".join(_ratio(r["band_ratio"][s]) for s in FRACTIONS)])
+    return markdown_table(["method", "predictions per s", f"mean |err| of final, s = {FR}",
+                           "MAE at s ≤ 0.3", f"÷ best single method ({best}; target ≤ 1.2× for the default)",
+                           "≤ nearest width at every s", f"±2σ coverage (target ≥ 90%), s = {FR}",
+                           f"±2σ / RMS error (target ≤ 3×), s = {FR}"], rows)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/calibration/width_ladder.yaml")
@@ -360,13 +407,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     calib_max = max(s for s in sizes if s not in held_sizes)
     # Every method calibrated once per split (the headline split n − held among them).
     headline = len(sizes) - args.held
-    splits = sorted(set(args.splits or range(2, len(sizes))) | {headline})
+    # A calibration needs 3 complete curves: with one seed a width, the split on the 2 smallest has 2.
+    enough = [k for k in range(2, len(sizes)) if sum(curve_size(c) in sizes[:k] for c in curves) >= 3]
+    splits = sorted(set(args.splits or enough) | {headline})
     fitted: dict[int, dict[str, Predictor]] = {}
     for k in splits:
         part = [c for c in curves if curve_size(c) in sizes[:k]]
         fitted[k] = {label: calibrate(config, part, method, args.config) for label, method in METHODS}
         print(f"  split: calibrated on the {k} smallest widths [{time.monotonic() - started:.0f} s]", flush=True)
     results = headline_scores(fitted[headline], held, held_sizes, config.fit.t_min)
+    chosen_label = next(label for label, method in METHODS if method == "choose")
     distance = by_distance(fitted, curves, sizes, config.fit.t_min)
     table = _headline_table(results)
     split_text = ", ".join(f"{k} ({', '.join(f'{n:,.0f}' for n in sizes[:k])})" for k in splits)
@@ -388,6 +438,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "Per held-out width (each row: that width's runs only; the distance-aware error states a larger ±2σ for "
         "the farther width):", "",
         _per_size_table(results, held_sizes, calib_max), "",
+        "## Targets, over every split", "",
+        f"Every prediction of every split below (k = {', '.join(map(str, splits))} smallest widths calibrated, "
+        "every larger width predicted): the default's MAE of the final at s ≤ 0.3 (mean over s = 0.1, 0.2, 0.3) "
+        "against the best single method's and the nearest width's, and its bands.", "",
+        _targets_table(pooled_scores(fitted, curves, sizes),
+                       sorted({by_label[chosen_label].size_method for by_label in fitted.values()})), "",
         "## Coverage by distance beyond the calibrated sizes", "",
         f"Every split of the ladder into the k smallest widths (calibration) and the larger ones (predicted), "
         f"k = {split_text}; each predicted run binned by N / the largest calibrated N. A run predicted from "

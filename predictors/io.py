@@ -119,6 +119,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} (NaN/Infinity are not strict JSON)")
 
 
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:  # json.loads would keep the last one without a word
+            raise ValueError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
 def loads_strict(text: str) -> Any:
-    """Parse strict JSON: ``NaN``/``Infinity`` are a ``ValueError``, not floats."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """Parse strict JSON: ``NaN``/``Infinity`` and a key given twice in one object are a
+    ``ValueError``, not floats or the last value."""
+    return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_refuse_duplicate_keys)

@@ -8,6 +8,7 @@ per-group decision errors) are validated by those classes' ``from_dict``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from predictors.align import AlignSettings
 from predictors.decision_error import DecisionError
 from predictors.io import json_safe
-from predictors.monitor import NoiseBand
+from predictors.monitor import OLD_BAND_SCHEMA, NoiseBand
 from predictors.ranking import RankingError
 from predictors.references import ReferenceCurves
 from predictors.surrogate import SurrogateParams
@@ -71,12 +72,23 @@ def from_document(data: Any, source: str = "predictor") -> tuple[Any, ...]:
         de = None if doc.decision_error is None else DecisionError.from_model(doc.decision_error)
         re_ = None if doc.ranking_error is None else RankingError.from_dict(doc.ranking_error)
         refs = None if doc.references is None else ReferenceCurves.from_dict(doc.references)
-        band = None if doc.monitor is None else NoiseBand.from_dict(doc.monitor, source="monitor")
+        band = None if doc.monitor is None else _monitor_band(doc.monitor, source)
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{source}: invalid predictor file: ranking_error, references or groups: {exc!r}"
                          if isinstance(exc, (KeyError, TypeError)) else
                          f"{source}: invalid predictor file: {exc}") from None
     return params, pr.m_fitted, align, de, dict(doc.provenance), re_, refs, band
+
+
+def _monitor_band(section: dict[str, Any], source: str) -> Optional[NoiseBand]:
+    """The monitor band; a band of an older version (of the residual itself, not of its change
+    after the window) is dropped with a warning: the monitor is then uncalibrated, and the rest
+    of the predictor still loads."""
+    if section.get("schema") == OLD_BAND_SCHEMA:
+        warnings.warn(f"{source}: its monitor band was written by an older version (the band of the residual, "
+                      "not of its change); the monitor is uncalibrated until hpo calibrate is rerun", stacklevel=3)
+        return None
+    return NoiseBand.from_dict(section, source="monitor")
 
 
 class _Strict(BaseModel):

@@ -1,5 +1,6 @@
 """The leave-one-size-out part of a calibration alone: which size method ``hpo calibrate`` would
-ship for a calibration config and why, with each method's error per held-out size (issue 28).
+ship for a calibration config and why, with each method's error per held-out size and the paired
+differences per held-out curve the choice used.
 
 A full ``hpo calibrate`` also measures the leave-one-out, cross-scale and ranking errors (hundreds
 of refits on a large bank); this answers the first question in a few dozen refits, for a config
@@ -16,8 +17,6 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
-
-import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -37,25 +36,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = load_calibration_config(args.config)
     curves, _ = complete_curves(bank_curves(fill_epochs(_banked_runs(config, _resolve(config.bank)))))
     base = {"t_min": config.fit.t_min, "fit_m": config.fit.fit_m, "fit_irreducible": config.fit.irreducible_loss}
-    refits = held_out.Refits(curves)
-    per_size, rows = {}, {}
-    for method in size_choice.size_methods(base):
-        held = held_out.axis_predictions(curves, "leave-one-size-out", method=method, refits=refits,
-                                         extrapolate=False, progress=lambda m: print(f"  {m}", flush=True))
-        if held is None:
-            print(f"{args.config}: one model size; nothing to choose", file=sys.stderr)
-            return 2
-        per_size[method.name] = size_choice.size_scores(held)
-        rows[method.name] = {f"{g.value:.0f}": {f"{s:g}": r for s, r in zip(held.fractions, g.rms())}
-                             for g in held.groups}
-    chosen, why = size_choice.pick_within_noise(per_size)
+    if not size_choice.spans_sizes(curves):
+        print(f"{args.config}: one model size; nothing to choose", file=sys.stderr)
+        return 2
+    choice = size_choice.choose_size_method(curves, fit_kwargs=base, refits=held_out.Refits(curves),
+                                            progress=lambda m: print(f"  {m}", flush=True))
+    rows = {name: {f"{g.value:.0f}": {f"{s:g}": r for s, r in zip(held.fractions, g.rms())}
+                   for g in held.groups if g.scheme == held.scheme} for name, held in choice.held.items()}
     for name, groups in rows.items():
-        print(f"{name}: score {100 * np.nanmean(list(per_size[name].values())):.2f}%")
+        print(f"{name}: score {100 * choice.scores[name]:.2f}%")
         for n, by_s in groups.items():
             print(f"    N {n:>8}: RMS " + " / ".join(f"{100 * v:.2f}%" for v in by_s.values()))
-    print(f"chosen: {why}")
-    atomic_write_json(args.out, {"config": args.config, "n_curves": len(curves), "chosen": chosen, "why": why,
-                                 "rms_per_size": rows})
+    for c in choice.comparisons:
+        print(f"  {c.words()}")
+    print(f"chosen: {choice.why}")
+    atomic_write_json(args.out, {"config": args.config, "n_curves": len(curves), "chosen": choice.chosen.name,
+                                 "why": choice.why, "rms_per_size": rows,
+                                 "paired": [c.to_dict() for c in choice.comparisons]})
     print(f"wrote {args.out}")
     return 0
 

@@ -81,6 +81,94 @@ def _other_database(d: Path) -> None:
         db.execute("CREATE TABLE notes (text TEXT)")
 
 
+def _read_only(path: Path) -> None:
+    """Make ``path`` unwritable for this process: ``chattr +i`` as root (root ignores
+    permission bits), else ``chmod`` (a read-only mount reads the same to ``os.access``)."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+    else:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+
+
+def _writable_again(path: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+    else:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _read_only_dir(name: str, then: Callable[[Path], None] = lambda d: None) -> Callable[[Path], None]:
+    def make(d: Path) -> None:
+        (d / name).mkdir()
+        then(d)
+        _read_only(d / name)
+    return make
+
+
+def _example_curves(d: Path, edit: Callable[[list[dict[str, str]]], None] = lambda rows: None,
+                    name: str = "curves.csv") -> None:
+    import csv
+
+    with open(REPO / "configs/curves/example_curves.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    edit(rows)
+    if name.endswith(".parquet"):
+        import pandas as pd
+
+        import io
+
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        buffer.seek(0)
+        pd.read_csv(buffer).to_parquet(d / name)  # typed columns, as a user's parquet has
+        return
+    with open(d / name, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _swap_tokens(rows: list[dict[str, str]]) -> None:
+    rows[2]["tokens"], rows[3]["tokens"] = rows[3]["tokens"], rows[2]["tokens"]  # one run, out of order
+
+
+def _tiny_loss(rows: list[dict[str, str]]) -> None:
+    rows[10]["loss"] = "1e-300"
+
+
+def _with_text(extra: str) -> Callable[[Path], None]:
+    """The valid sweep with ``extra`` YAML appended (an unknown top-level key: refused later
+    anyway, so only the YAML reader's own check can answer before it)."""
+    return _text("s.yaml", yaml.safe_dump(sweep_config()) + extra)
+
+
+#: A "billion laughs" YAML: 9 levels of 9 aliases, 387 million values once expanded, 1 KB on disk.
+BILLION_LAUGHS = "lol0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
+DEEP_LIST = "[" * 1000 + "]" * 1000
+DEEP_KEYS = "{" + "a: {" * 999 + "}" * 1000
+DEEP_BLOCK_KEYS = "deep:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(1000)) + "  " * 1001 + "v: 1\n"
+
+
+def _resumable_with_binary_state(d: Path) -> None:
+    """A sweep folder `hpo resume` would continue (sweep.yaml, Ray's experiment state, the
+    predictor copy) whose scheduler_state.json is binary."""
+    _only_sweep_yaml(d)
+    experiment = d / "old" / "ray" / "bad-input"
+    experiment.mkdir(parents=True)
+    (experiment / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    (d / "old" / "predictor.json").write_bytes((REPO / "hpo/data/predictors/default.json").read_bytes())
+    (d / "old" / "scheduler_state.json").write_bytes(bytes(range(256)) * 4)
+
+
+def _duplicate_key_predictor(d: Path) -> None:
+    text = (REPO / "hpo/data/predictors/default.json").read_text()
+    (d / "p.json").write_text(text.replace('"schema_version": 4,', '"schema_version": 4,\n  "schema_version": 4,', 1))
+    _yaml(sweep_config(predictor="p.json"))(d)
+
+
 @dataclass(frozen=True)
 class Case:
     """One bad input: the ``hpo`` arguments, how to create its input files, and the words the
@@ -92,6 +180,7 @@ class Case:
     setup: Callable[[Path], None] = lambda d: None
     expect: tuple[str, ...] = ()
     forbid: tuple[str, ...] = ()
+    teardown: Callable[[Path], None] = lambda d: None  # undo what stops the folder being deleted
 
 
 CASES: list[Case] = [
@@ -191,6 +280,68 @@ CASES: list[Case] = [
          _yaml(sweep_config(**{"search.n_startup_trials": 5})), ("n_startup_trials", "optuna")),
     Case("search_max_concurrent_zero", "`search.max_concurrent: 0`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"search.max_concurrent": 0})), ("search.max_concurrent",)),
+    # Round three: each was a traceback, a hang or a bad value accepted and run.
+    Case("predictor_out_is_directory", "`--predictor-out` naming a directory",
+         ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "pdir"],
+         lambda d: (_example_curves(d), (d / "pdir").mkdir()), ("--predictor-out", "pdir", "is a directory")),
+    Case("predictor_out_under_file", "`--predictor-out` under a regular file",
+         ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "afile/p.json"],
+         lambda d: (_example_curves(d), (d / "afile").write_text("x")), ("--predictor-out", "afile", "is a file")),
+    Case("report_dir_is_file", "the report directory (`--output-dir`) is a file",
+         ["calibrate", "--from-curves", "curves.csv", "--output-dir", "afile", "--predictor-out", "p.json"],
+         lambda d: (_example_curves(d), (d / "afile").write_text("x")), ("--output-dir", "not a directory")),
+    Case("report_dir_not_writable", "the report directory is not writable",
+         ["calibrate", "--from-curves", "curves.csv", "--output-dir", "ro", "--predictor-out", "p.json"],
+         _read_only_dir("ro", _example_curves), ("--output-dir", "not writable"), teardown=lambda d: _writable_again(d / "ro")),
+    Case("output_dir_not_writable", "the sweep's output directory is not writable", ["sweep", "s.yaml"],
+         _read_only_dir("ro", _yaml(sweep_config(output_dir="ro"))), ("output_dir", "not writable"),
+         teardown=lambda d: _writable_again(d / "ro")),
+    Case("sqlite_read_only_directory", "an SQLite tracking store in a read-only directory", ["sweep", "s.yaml"],
+         lambda d: _read_only_dir("ro", _yaml(sweep_config(**{"mlflow.tracking_uri": f"sqlite:///{d / 'ro' / 'm.db'}"})))(d),
+         ("mlflow.tracking_uri", "not writable"), teardown=lambda d: _writable_again(d / "ro")),
+    Case("sqlite_read_only_database", "a read-only SQLite database file as the tracking store", ["sweep", "s.yaml"],
+         lambda d: ((d / "m.db").write_bytes(b""), _read_only(d / "m.db"),
+                    _yaml(sweep_config(**{"mlflow.tracking_uri": f"sqlite:///{d / 'm.db'}"}))(d)),
+         ("mlflow.tracking_uri", "read-only"), teardown=lambda d: _writable_again(d / "m.db")),
+    Case("postgres_without_driver", "a Postgres tracking URI without its driver installed", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"mlflow.tracking_uri": f"postgresql://alice:{SECRET}@127.0.0.1:9/mlflow"})),
+         ("mlflow.tracking_uri", "not installed", "pip install"), (SECRET, "alice")),
+    Case("experiment_name_too_long", "an MLflow experiment name of 501 characters", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"mlflow.experiment": "x" * 501})), ("mlflow.experiment", "500")),
+    Case("yaml_recursive_alias", "a YAML file with a recursive alias", ["sweep", "s.yaml"],
+         _with_text("loop: &loop [*loop]\n"), ("s.yaml", "recursive alias")),
+    Case("yaml_deep_list", "a YAML file with a 1,000-deep nested list", ["sweep", "s.yaml"],
+         _with_text(f"deep: {DEEP_LIST}\n"), ("s.yaml", "nested deeper")),
+    Case("yaml_deep_keys", "a YAML file with keys nested 1,000 deep", ["sweep", "s.yaml"],
+         _with_text(DEEP_BLOCK_KEYS), ("s.yaml", "nested deeper")),
+    Case("yaml_billion_laughs", "a YAML alias bomb (\"billion laughs\", 9 levels)", ["sweep", "s.yaml"],
+         _with_text(BILLION_LAUGHS), ("s.yaml", "aliases are expanded")),
+    Case("set_recursive_alias", "a `--set` value with a recursive alias",
+         ["sweep", "s.yaml", "--set", "trainer.tau=&a [*a]"], _yaml(sweep_config()), ("--set trainer.tau", "recursive")),
+    Case("set_deep_list", "a `--set` value nesting lists 1,000 deep",
+         ["sweep", "s.yaml", "--set", f"trainer.tau={DEEP_LIST}"], _yaml(sweep_config()), ("--set trainer.tau", "nested deeper")),
+    Case("set_deep_keys", "a `--set` value nesting keys 1,000 deep",
+         ["sweep", "s.yaml", "--set", f"trainer.tau={DEEP_KEYS}"], _yaml(sweep_config()), ("--set trainer.tau", "nested deeper")),
+    Case("resume_binary_state", "`hpo resume` on a folder whose scheduler state file is binary", ["resume", "old"],
+         _resumable_with_binary_state, ("scheduler_state.json", "binary")),
+    Case("curve_file_fifo", "a curve file that is a FIFO", ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
+         lambda d: os.mkfifo(d / "curves.csv"), ("curves.csv", "FIFO")),
+    Case("empty_search_space", "an empty search space (`search_space: {}`)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(search_space={})), ("search_space", "empty")),
+    Case("predictor_duplicate_key", "a predictor JSON with a duplicated key", ["sweep", "s.yaml"],
+         _duplicate_key_predictor, ("p.json", "duplicate key 'schema_version'")),
+    Case("parquet_tokens_decrease", "a parquet curve file whose tokens decrease within a run",
+         ["calibrate", "--from-curves", "curves.parquet", "--output-dir", "out", "--predictor-out", "p.json"],
+         lambda d: _example_curves(d, _swap_tokens, "curves.parquet"), ("curves.parquet", "'tokens' decreases")),
+    Case("output_dir_dangling_symlink", "`output_dir` a dangling symbolic link", ["sweep", "s.yaml"],
+         lambda d: ((d / "out").symlink_to(d / "elsewhere"), _yaml(sweep_config(output_dir="out"))(d)),
+         ("output_dir", "symbolic link", "elsewhere")),
+    Case("tau_true", "`trainer.tau: true`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.tau": True})), ("tau", "boolean")),
+    Case("output_dir_empty", "`output_dir: \"\"`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(output_dir="")), ("output_dir", "empty")),
+    Case("curve_loss_1e-300", "one loss point of 1e-300 in `--from-curves`", ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
+         lambda d: _example_curves(d, _tiny_loss), ("curves.csv", "'loss'", "1e-300", "at least")),
 ]
 
 
@@ -241,7 +392,10 @@ def start(case: Case, folder: Path) -> Callable[[], Outcome]:
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait(timeout: Optional[float] = 120) -> Outcome:
-        stdout, stderr = process.communicate(timeout=timeout)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        finally:
+            case.teardown(folder)
         seconds = time.perf_counter() - began
         written = sorted(_files(folder) - before)
         return Outcome(case, process.returncode, stderr, stdout, seconds, written)

@@ -157,3 +157,23 @@ def test_provenance_paths_carry_no_machine_prefix(tmp_path, monkeypatch):
     assert portable_path(tmp_path / "configs" / "bank.parquet") == "configs/bank.parquet"
     outside = tmp_path.parent / "elsewhere.parquet"
     assert portable_path(outside) == str(outside)
+
+
+def test_a_three_width_calibration_chooses_how_size_enters(tmp_path: Path) -> None:
+    # One run at each of three widths: too few for the held-out decision error (four), enough for
+    # the leave-one-size-out comparison (refits of two), which decides the shipped size method
+    # and is reported, instead of the size term shipped unexamined.
+    from hpo.calibration.fit import FitSettings, fit_and_report
+
+    truth = Predictor(SurrogateParams(0.2, -0.5, 0.3, -0.1, m=0.15))
+    t = np.linspace(0.01, 1.0, 150)
+    curves = []
+    for n in (1e4, 4e4, 1.6e5):
+        controls = Controls(0.2, 20.0, Schedule("linear"), n_params=n)
+        shape = truth.normalized_curve(t, controls) * (1 + 0.03 * np.log10(n) * (1 - t) ** 2)
+        curves.append(Curve(t, 1.7 * (n / 1e4) ** -0.1 * shape, controls, {"name": f"d{n:g}", "n_params": n}))
+    summary = fit_and_report(curves, FitSettings(t_min=0.05, compare_fixed_m=False), tmp_path / "p.json",
+                             tmp_path / "out", provenance={}, source="three widths")
+    mode = summary["modes"]["five-parameter"]
+    assert mode["size_choice_rule"] and mode["size_comparison"]
+    assert mode["size_choice_rule"].startswith(Predictor.load(tmp_path / "p.json").provenance["size_method"] + ":")

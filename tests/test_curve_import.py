@@ -273,3 +273,31 @@ def test_from_mlflow_leaves_a_database_that_is_not_an_mlflow_store_untouched(tmp
     (tmp_path / "junk.db").write_bytes(b"not a database at all" * 10)
     with pytest.raises(CurveImportError, match="not an SQLite database"):
         load_mlflow_curves("1", tracking_uri=f"sqlite:///{tmp_path / 'junk.db'}")
+
+
+def test_positions_must_increase_within_a_run_in_file_order() -> None:
+    frame = _frame()
+    first = frame["run_id"].iloc[0]
+    rows = frame.index[frame["run_id"] == first]
+    swapped = frame.copy()
+    swapped.loc[[rows[2], rows[3]], "tokens"] = frame.loc[[rows[3], rows[2]], "tokens"].to_numpy()
+    with pytest.raises(CurveImportError, match=f"run {first}: column 'tokens' decreases within the run"):
+        _load(swapped)
+    interleaved = pd.concat([frame[frame["run_id"] == first], frame[frame["run_id"] != first]]).iloc[::-1]
+    with pytest.raises(CurveImportError, match="decreases"):  # every run reversed
+        _load(interleaved)
+
+
+def test_a_loss_too_small_to_be_a_cross_entropy_is_refused() -> None:
+    frame = _frame()
+    frame.loc[10, "loss"] = 1e-300
+    with pytest.raises(CurveImportError, match=r"column 'loss' is 1e-300 .* at least 1e-06"):
+        _load(frame)
+
+
+def test_a_fifo_is_refused_without_opening_it(tmp_path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "curves.csv")
+    with pytest.raises(CurveImportError, match="curves.csv: is a FIFO"):  # open() would block for ever
+        load_curves_file(tmp_path / "curves.csv")

@@ -2,58 +2,66 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
-from hpo.decisions.early_answer import EarlyAnswer, format_early_answer
+from rich.console import Console
+
+from hpo.decisions.early_answer import EarlyAnswer, early_answer_text, format_early_answer
 
 ANSWER = {
     "trial_id": "t3", "config": {"lr": 0.005}, "predicted_final_loss": 1.6954, "uncertainty": 0.041,
     "margin": 0.0249, "margin_kind": "relative",
     "margin_text": "2.49% of the predicted best at t̂ = 0.3 (calibrated decision error ...)",
     "kept_all": False, "compute_fraction": 0.187, "rung": 0.3, "kept": ["t3", "t1"],
-    "probability_best": 0.73, "n_candidates": 6,
+    "probability_best": 0.73, "n_candidates": 6, "order": "losses at the rung", "order_weight": 0.0,
+    "kind": "eta_fixed_tau", "value_error": 0.0224,
 }
 
 
-def test_early_answer_states_the_margin_and_compute(tmp_path: Path) -> None:
-    # The printed answer names the config, the margin it used and the compute spent; the JSON
-    # file holds the whole answer.
+def _printed(answer: dict) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False).print(format_early_answer(answer))
+    return [line for line in out.getvalue().splitlines() if line.strip()]
+
+
+def test_early_answer_names_pick_prediction_chance_and_compute(tmp_path: Path) -> None:
+    # The printed answer names the pick and its config, its predicted final ± error, P(best)
+    # and the compute spent; the JSON file holds the whole answer, margin included.
     text = format_early_answer(ANSWER)
-    assert "lr=0.005" in text and "keep-margin 2.49%" in text and "18.7%" in text
-    assert "P(it is the best of the 6 trials ranked at this rung): 73%" in text
-    assert "kept all" not in text
+    assert "trial t3, lr=0.005" in text and "1.6954 ± 0.0410" in text
+    assert "P(best): 73% among the 6 trials" in text and "18.7% of the full sweep" in text
     EarlyAnswer(tmp_path)(ANSWER)
     assert json.loads((tmp_path / "predicted_best.json").read_text())["margin_text"].startswith("2.49%")
 
 
-def test_early_answer_says_when_everyone_was_kept() -> None:
-    # A rung whose calibrated error exceeded the spread of predictions says it kept everyone.
-    text = format_early_answer({**ANSWER, "kept_all": True, "kept": ["a", "b", "c"]})
-    assert "kept all 3 trials" in text
-
-
-def test_early_answer_reads_at_80_columns() -> None:
-    # In a log or CI (80 columns, no TTY) every line of the answer fits: rich never has to
-    # break a phrase, and the value is labelled as calibrated for ranking, not as a value.
-    import io
-
-    from rich.console import Console
-
-    out = io.StringIO()
-    Console(file=out, width=80, force_terminal=False).print(
-        format_early_answer({**ANSWER, "margin_text": "1.0% (0.25 × the ranking error 4.1%, η sweep)",
-                             "value_error": 0.0224}))
-    lines = out.getvalue().splitlines()
-    assert lines and max(len(line) for line in lines) <= 80
+def test_early_answer_is_six_short_lines_without_the_evidence() -> None:
+    # At most six lines within 80 columns; the keep-margin's provenance and the value error
+    # are not printed (they are in report.md), so the answer reads in plain words.
+    lines = _printed(ANSWER)
+    assert 1 <= len(lines) <= 6 and max(len(line) for line in lines) <= 80
     text = "\n".join(lines)
-    assert "calibrated for the order of the trials" in text and "~2.2%" in text
+    assert "2.49%" not in text and "keep-margin" not in text and "~2.2%" not in text
+    assert "[bold" not in early_answer_text(ANSWER) and early_answer_text(ANSWER).count("\n") <= 5
 
 
-def test_early_answer_says_which_order_it_used() -> None:
-    # Issue 25: the answer names the order the rung ranked by (predicted finals, the losses at
-    # the rung, or a blend) and why; without a measured ranking error it states no P(best).
-    text = format_early_answer({**ANSWER, "order": "losses at the rung", "order_weight": 0.0})
-    assert "ranked by losses at the rung" in text and "smaller measured error" in text
-    text = format_early_answer({**ANSWER, "order": "predicted finals", "probability_best": None})
-    assert "ranked by predicted finals" in text and "P(best): not stated" in text
+def test_early_answer_says_which_order_decided_and_why() -> None:
+    # One line says which order ranked the last rung (predicted finals, the losses so far, or
+    # a mix) and on which kind of sweep that order was measured the better one.
+    text = early_answer_text(ANSWER)
+    assert re.search(r"ranked by the losses so far: measured the better order on η at fixed τ sweeps$", text)
+    text = early_answer_text({**ANSWER, "order": "predicted finals", "order_weight": 1.0, "kind": "lambda"})
+    assert "ranked by the predicted finals: measured the better order on λ at fixed B and η sweeps" in text
+    text = early_answer_text({**ANSWER, "order": "blend", "order_weight": 0.5})
+    assert "ranked by a blend of predicted finals and losses so far" in text
+    text = early_answer_text({**ANSWER, "order": "predicted finals", "probability_best": None, "kind": "mixed"})
+    assert "this kind of sweep" in text and "P(best): not stated" in text
+    text = early_answer_text({**ANSWER, "order_words": "ASHA: the top 1/rf by the loss at the rung"})
+    assert "ranked by the sweep's keep rule (ASHA: the top 1/rf by the loss at the rung)" in text
+
+
+def test_a_revised_answer_says_which_pick_it_replaces() -> None:
+    text = early_answer_text({**ANSWER, "revised": {"from": "t1", "why": "late arrival", "revisions": 1}})
+    assert text.splitlines()[0].endswith("(revised: replaces t1)")

@@ -83,7 +83,7 @@ def test_the_readme_trainable_snippet_reports_every_control_the_scheduler_reads(
     import re
 
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## Using CollapseScheduler with your own trainable", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Your own trainer", 1)[1].split("\n## ", 1)[0]
     report = section.split("tune.report({", 1)[1].split("})", 1)[0]
     keys = set(re.findall(r'"([a-z_]+)":', report))
     assert {"loss", "train_fraction", "tau", "tokens_per_param", "schedule", "warmup_fraction", "n_params"} <= keys

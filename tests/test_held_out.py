@@ -78,3 +78,52 @@ def test_coverage_counts_truths_inside_the_stated_interval():
     assert h.coverage([0.06], 1.0) == [1.0]
     table = held_out.coverage_table(h, {"e": [0.02]})
     assert table == {"e": {"0.1": {"1σ": pytest.approx(1 / 3), "2σ": pytest.approx(2 / 3)}}}
+
+
+def test_the_band_off_the_calibrated_sizes_is_the_methods_own_held_out_error():
+    # Two size methods held out alike (the same folds), one 10x more accurate at every fold and
+    # in-scale: each states the error its own folds measured, so its band is ~10x narrower.
+    from predictors.distance import off_scale_error
+    from predictors.ranking import Position
+
+    fractions = (0.1, 0.3)
+    sizes = (1e4, 1e5, 1e6)
+
+    def held(scale: float):
+        truth = np.ones(2 * len(sizes))
+        groups = []
+        for k, n in enumerate(sizes):
+            seen = [m for m in sizes if m != n]
+            err = scale * np.array([[0.04, -0.05], [0.02, -0.03]]) * (1 + k)
+            predicted = 1.0 + err
+            groups.append(held_out.GroupPredictions("leave-one-size-out", n, Position.of(n, seen, "n_params"),
+                                                    (2 * k, 2 * k + 1), predicted, np.zeros_like(predicted),
+                                                    truth[:2], tuple(seen)))
+        loo_pred = 1.0 + scale * np.tile([[0.01, -0.01]], (2, len(sizes)))
+        loo = held_out.HeldOutPredictions("leave-one-out", fractions, loo_pred, np.zeros_like(loo_pred), truth, 6)
+        cross = held_out.HeldOutPredictions("leave-one-size-out", fractions, loo_pred, np.zeros_like(loo_pred),
+                                            truth, len(sizes), tuple(groups))
+        return held_out.decision_error_table(loo, [cross])
+
+    coarse, fine = held(1.0), held(0.1)
+    beyond = Position("n_params", False, 1.0, "above")
+    for s in fractions:
+        e_coarse, _, _ = off_scale_error(coarse.groups, coarse.stop_fractions, s, coarse.at(s), [beyond],
+                                         {"n_params": "above"})
+        e_fine, _, _ = off_scale_error(fine.groups, fine.stop_fractions, s, fine.at(s), [beyond],
+                                       {"n_params": "above"})
+        assert e_fine == pytest.approx(e_coarse / 10, rel=1e-6) and e_fine > fine.at(s)
+
+
+def test_in_scale_error_leaves_out_runs_that_would_be_extrapolated():
+    # One run per width: held out alone, the smallest and the largest are predicted beyond every
+    # other size (extrapolations, measured across sizes), so the in-scale error is measured on
+    # the interior widths only; a width with a second run is at the calibrated scale held out.
+    kwargs = {"t_min": 0.05, "fit_m": True}
+    ladder = _curves(tpps=(20.0,), taus=(0.2,), sizes=(1e4, 3e4, 1e5, 3e5))
+    loo = held_out.leave_one_out(ladder, fit_kwargs=kwargs, fractions=(0.2,))
+    assert [bool(np.isfinite(v)) for v in loo.predicted[0]] == [False, True, True, False]
+    assert held_out.decision_error_table(loo).n_curves == 2
+    replicated = ladder + _curves(tpps=(20.0,), taus=(0.2,), sizes=(1e4, 3e5))
+    loo = held_out.leave_one_out(replicated, fit_kwargs=kwargs, fractions=(0.2,))
+    assert np.isfinite(loo.predicted).all() and held_out.decision_error_table(loo).n_curves == 6

@@ -49,3 +49,15 @@ def test_json_is_strict() -> None:
     assert json_safe({1: np.int64(3)}) == {"1": 3}
     with pytest.raises(ValueError, match="NaN"):
         loads_strict('{"a": NaN}')
+
+
+def test_loads_strict_refuses_a_duplicated_key() -> None:
+    # json.loads keeps the last of two values without a word; a predictor file edited by hand
+    # could then mean something else than it reads.
+    import pytest
+
+    from predictors.io import loads_strict
+
+    with pytest.raises(ValueError, match="duplicate key 'm'"):
+        loads_strict('{"params": {"m": 0.1, "m": 0.2}}')
+    assert loads_strict('{"a": {"m": 1}, "b": {"m": 2}}') == {"a": {"m": 1}, "b": {"m": 2}}

@@ -249,7 +249,7 @@ def test_submit_watch_answer_and_stop_after_the_end(services) -> None:
     assert answer.returncode == 0, answer.stderr[-2000:]
     assert json.loads(answer.stdout) == json.loads((storage / job / "predicted_best.json").read_text())
     text = hpo("answer", job, "--no-wait", *cluster_args(cluster, server))
-    assert text.returncode == 0 and "predicted final loss" in text.stdout and "P(it is the best" in text.stdout
+    assert text.returncode == 0 and "predicted final loss" in text.stdout and "P(best): " in text.stdout
 
     done = poll(cluster, server, job, lambda s: s["state"] in ("SUCCEEDED", "FAILED", "STOPPED"))
     assert done["state"] == "SUCCEEDED" and done["published"]["status"] == "FINISHED"
@@ -261,7 +261,7 @@ def test_submit_watch_answer_and_stop_after_the_end(services) -> None:
     assert {"collapse_hpo/rung_0.json", "collapse_hpo/rung_1.json", "collapse_hpo/early_answer.json"} <= files
     text = hpo("status", *cluster_args(cluster, server))
     assert job in text.stdout and "rung t̂ = 0.2 (decided): 4 reached" in text.stdout
-    assert "Early answer at t̂ = 0.4" in text.stdout and "[bold" not in text.stdout
+    assert "Early answer (at 40% of training)" in text.stdout and "[bold" not in text.stdout
     # The monitor's verdicts (issue 26): status counts the sweep's trials and names any in alarm;
     # `hpo monitor --job` reads those same trials' curves from MLflow.
     assert done["monitor"]["trials"] == 4 and len(done["monitor"]["last_residual"]) >= 1

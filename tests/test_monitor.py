@@ -7,6 +7,7 @@ import pytest
 
 from predictors import Controls, Curve, Predictor, SurrogateParams
 from predictors.monitor import (
+    BAND_GRID,
     MONITOR_WINDOW,
     DetectorRule,
     NoiseBand,
@@ -63,17 +64,26 @@ def test_a_drifted_copy_alarms_after_its_start(start):
     y = clean(200)
     r = monitor_curve(T, drift(y, start, 0.03), PRED, C, band=BAND)
     assert r.status == "alarm" and r.direction == "above"
-    assert start < r.exceed_since < r.first_alarm < 1.0
-    assert r.first_alarm - r.exceed_since >= BAND.rule.span
+    assert start < r.first_alarm < 1.0 and r.window[1] <= r.exceed_since < r.first_alarm
     # The raw loss still falls where the alarm is raised: the residual sees what the loss does not.
     i = int(np.searchsorted(T, r.first_alarm))
     drifted = drift(y, start, 0.03)
     assert drifted[i] < drifted[int(np.searchsorted(T, start))]
 
 
-def test_a_drop_below_the_shape_alarms_too():
+def test_a_loss_below_its_shape_is_not_a_fault():
+    # One-sided: every fault the monitor is for makes the loss worse.
     r = monitor_curve(T, drift(clean(201), 0.5, -0.03), PRED, C, band=BAND)
-    assert r.alarm and r.direction == "below" and r.exceed_since > 0.5
+    assert r.status == "ok" and r.z[-1] < -3
+
+
+def test_a_level_reached_in_the_window_is_not_judged_a_residual_that_grows_is():
+    # A seed whose loss sits 1.5% above the shape from t̂ 0.22 on: the divisor splits the offset
+    # across the window, so r is ~+0.8% after it, far outside the band of r (σ ~0.1%), but its
+    # change after the window is ~0. The same 1.5% appearing after the window is a step: alarmed.
+    assert monitor_curve(T, clean(202) * np.where(T > 0.22, 1.015, 1.0), PRED, C, band=BAND).status == "ok"
+    late = monitor_curve(T, clean(202) * np.where(T > 0.5, 1.015, 1.0), PRED, C, band=BAND)
+    assert late.alarm and 0.5 < late.first_alarm < 0.6
 
 
 def test_warmup_is_never_judged():
@@ -92,12 +102,10 @@ def test_a_marked_restart_does_not_alarm_and_an_unmarked_one_does():
     bump = 0.05 * np.clip(1.0 - (T - 0.6) / 0.04, 0.0, 1.0) * (T >= 0.6)
     y = y * (1.0 + bump)
     assert monitor_curve(T, y, PRED, C, band=BAND, restarts=[0.6]).status == "ok"
-    unmarked_rule = dataclasses.replace(BAND, rule=DetectorRule(span=0.02))
-    assert monitor_curve(T, y, PRED, C, band=unmarked_rule).status == "alarm"
-    assert monitor_curve(T, y, PRED, C, band=unmarked_rule, restarts=[0.6]).status == "ok"
+    assert monitor_curve(T, y, PRED, C, band=BAND).status == "alarm"
     # A drift that continues past the grace still alarms.
     r = monitor_curve(T, drift(y, 0.6, 0.05), PRED, C, band=BAND, restarts=[0.6])
-    assert r.alarm and r.exceed_since > 0.6 + BAND.rule.restart_grace
+    assert r.alarm and r.first_alarm > 0.6 + BAND.rule.restart_grace
 
 
 def test_reference_curve_of_matching_controls():
@@ -115,8 +123,10 @@ def test_band_round_trip_and_bad_fields():
         NoiseBand.from_dict({**doc, "scale": doc["scale"][:-1]})
     with pytest.raises(ValueError, match="unknown field"):
         NoiseBand.from_dict({**doc, "extra": 1})
-    with pytest.raises(ValueError, match="z must be > 0"):
-        NoiseBand.from_dict({**doc, "rule": {"z": 0.0}})
+    with pytest.raises(ValueError, match="false_alarm_rate"):
+        NoiseBand.from_dict({**doc, "rule": {"false_alarm_rate": 0.0}})
+    with pytest.raises(ValueError, match="rerun hpo calibrate"):
+        NoiseBand.from_dict({**doc, "schema": "collapse-hpo/monitor-band"})
     with pytest.raises(ValueError, match="at least 3"):
         calibrate_band([Curve(T, clean(1), C)], PRED)
     with pytest.raises(ValueError, match="non-finite"):
@@ -157,6 +167,107 @@ def test_calibrate_measures_the_band_on_leave_one_out_refits():
     assert 1.1 < ratio < 1.5, ratio
 
 
+def test_calibrate_band_takes_in_the_runs_of_other_corpora():
+    # A corpus whose curves bend away from the predictor's shape after the window: a band of the
+    # calibration corpus alone alarms on its clean runs; with that corpus's runs (corpus_banks)
+    # in the band they stay inside it. Reference-mode pairs never cross corpora.
+    from hpo.calibration.fit import monitor_band
+    from predictors.monitor import pair_changes
+
+    sized = dataclasses.replace(C, n_params=1e5)
+    bend = 1.0 + 0.02 * np.clip((T - 0.4) / 0.6, 0.0, 1.0)
+
+    def runs(corpus, seeds, shape=1.0):
+        return [Curve(T, clean(s, noise=0.004) * shape, sized, {"name": f"{corpus}{s}", "seed": s % 3,
+                                                                  "corpus_hash": corpus}) for s in seeds]
+
+    home, other = runs("a", range(6)), runs("b", range(6, 12), bend)
+    alone = monitor_band(home, PRED)
+    pooled = monitor_band(home, PRED, corpus_curves=other)
+    assert pooled.n_curves == 12 and "6 clean runs of other corpora" in pooled.source
+    fresh = [clean(s, noise=0.004) * bend for s in range(40, 46)]
+    assert sum(monitor_curve(T, y, PRED, sized, band=alone).alarm for y in fresh) >= 5
+    assert sum(monitor_curve(T, y, PRED, sized, band=pooled).alarm for y in fresh) <= 1
+    # 6 runs per corpus, 2 per seed: each run has 4 partners of another seed in its own corpus (3 kept).
+    assert pair_changes(home + other).shape[0] == 12 * 3
+    assert pair_changes(home + other, max_partners=10).shape[0] == 12 * 4
+
+
+def test_the_threshold_holds_its_stated_false_alarm_rate_on_gaussian_runs():
+    # h is the (1 − rate) quantile of the GLR's maximum over Gaussian z paths with the band's
+    # correlation; fresh paths (another seed) of that correlation alarm at about that rate.
+    from predictors.monitor import (DEFAULT_THRESHOLD, _computed_default_threshold, ar1_correlation,
+                                    glr_threshold, ramp_glr, shrunk)
+
+    assert DEFAULT_THRESHOLD == _computed_default_threshold(0.005, 0.3)
+    grid = np.asarray([g for g in BAND_GRID if g > 0.3])
+    corr = ar1_correlation(grid, 0.3)
+    h = glr_threshold(0.05, grid, np.ones(grid.size), corr, 0.3, 0.3, paths=4000)
+    band = NoiseBand(tuple(grid), tuple(np.zeros(grid.size)), tuple(np.full(grid.size, 0.01)), 10,
+                     rule=DetectorRule(false_alarm_rate=0.05, h=h), correlation=tuple(map(tuple, corr)))
+    z = np.random.default_rng(7).multivariate_normal(np.zeros(grid.size), corr, size=600)
+    rate = np.mean([ramp_glr(grid, row, band, 0.3)[0] is not None for row in z])
+    assert 0.025 < rate < 0.08, rate
+    # A stricter rate means a higher threshold.
+    assert glr_threshold(0.005, grid, np.ones(grid.size), corr, 0.3, 0.3, paths=4000) > h
+
+
+def test_reference_mode_band_from_pairs_of_seeds():
+    # Pairs of runs that share controls but not seeds give the reference-mode band; runs of one
+    # seed (one data order) are never paired, and a band needs 3 pairs.
+    from predictors.monitor import calibrate_reference_band, pair_changes
+
+    sized = dataclasses.replace(C, n_params=1e5)
+    runs = [Curve(T, clean(s, noise=0.004), sized, {"name": f"r{s}", "seed": s % 3}) for s in range(6)]
+    assert pair_changes(runs, max_partners=5).shape == (6 * 4, len(BAND_GRID))  # 2 runs share each seed
+    band = calibrate_reference_band(runs)
+    assert band is not None and set(band.center) == {0.0} and band.n_curves == 18
+    assert calibrate_reference_band(runs[:2]) is None
+    # Stored with the predictor-mode band and read back.
+    full = calibrate_band(runs, PRED, reference_band=band)
+    assert NoiseBand.from_dict(full.to_dict()) == full and full.for_reference == band
+
+
+def _wiggly(seed: int, amp: float = 0.006) -> np.ndarray:
+    """A clean run whose seed bends its shape slowly (a few smooth modes of ~0.6%), far more than
+    BAND's runs do: what another seed of a reference run brings."""
+    rng = np.random.default_rng(1000 + seed)
+    k = np.arange(1, 6)
+    phase, a = rng.uniform(0, 2 * np.pi, k.size), rng.normal(0, 1, k.size) / k
+    return clean(seed, final=1.8) * (1 + amp * (a[:, None] * np.sin(np.pi * k[:, None] * T + phase[:, None])).sum(0))
+
+
+def test_hpo_monitor_reference_band_from_the_reference_runs(tmp_path, capsys):
+    # With >= 2 reference runs of a run's controls, --reference judges it with their own spread:
+    # clean runs of other seeds stay inside it, while the stored band (BAND: runs far less
+    # bent) alarms on most of them; a drift from t̂ 0.5 is still caught after it starts.
+    import json
+
+    import pandas as pd
+
+    from hpo.service.cli import main
+
+    predictor = dataclasses.replace(PRED, monitor=BAND).save(tmp_path / "p.json")
+    runs = [row for s in range(8) for row in _curve_rows(f"clean{s}", T, _wiggly(s), seed=s)]
+    runs += _curve_rows("drift", T, drift(_wiggly(9), 0.5, 0.08), seed=9)
+    pd.DataFrame(runs).to_csv(tmp_path / "runs.csv", index=False)
+    refs = [row for s in (100, 101) for row in _curve_rows(f"ref{s}", T, _wiggly(s), seed=s)]
+    pd.DataFrame(refs).to_csv(tmp_path / "refs.csv", index=False)
+    assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
+                 "--reference", str(tmp_path / "refs.csv"), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert all("spread of the reference runs (2" in r["band"] for r in rows.values())
+    assert sum(rows[f"clean{s}"]["alarm"] for s in range(8)) <= 1
+    assert rows["drift"]["alarm"] and 0.5 < rows["drift"]["first_alarm_train_fraction"] < 0.8
+    # One reference run: no spread to measure, the stored band judges (and is too narrow here).
+    pd.DataFrame(refs[: len(T)]).to_csv(tmp_path / "one_ref.csv", index=False)
+    assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
+                 "--reference", str(tmp_path / "one_ref.csv"), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert all(r["band"].startswith("stored reference-mode band") for r in rows.values())
+    assert sum(rows[f"clean{s}"]["alarm"] for s in range(8)) >= 4
+
+
 def test_the_shipped_predictor_carries_a_band():
     from hpo.data import default_predictor_path
 
@@ -164,6 +275,9 @@ def test_the_shipped_predictor_carries_a_band():
     band = pred.monitor_band
     assert band.n_curves >= 50 and band.window == MONITOR_WINDOW
     assert 0.002 < min(band.scale) <= max(band.scale) < 0.05
+    # Reference mode: pairs of calibration runs of the same controls and another seed.
+    ref = band.for_reference
+    assert ref is not band and ref.n_curves >= 20 and set(ref.center) == {0.0}
 
 
 def _curve_rows(run_id, t, y, **extra):

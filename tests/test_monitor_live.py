@@ -61,7 +61,9 @@ def test_drifting_trial_is_announced_tagged_and_stopped_only_when_asked():
     assert run == "run-t1" and 0.4 < float(value) < 1.0 and stopped_at is None
     _, said, stopped_at, _ = _feed(losses, stop_on_alarm=True)
     alarm_at = float(said[0].split("t̂ = ")[1].split(":")[0])
-    assert "stopping it" in said[0] and abs(stopped_at - alarm_at) < 1e-3
+    # The detector judges on a 0.025 grid of t̂: the alarm is the grid point, the stop the first
+    # reported point at or after it (T's spacing is 0.002).
+    assert "stopping it" in said[0] and 0 <= stopped_at - alarm_at < 0.0025
 
 
 def test_a_resumed_trial_is_a_marked_restart():

@@ -43,3 +43,21 @@ def test_every_positional_argument_has_help() -> None:
     bare = [f"{name} {action.dest}" for name, sub in commands.items() for action in sub._actions
             if not action.option_strings and not action.help]
     assert not bare, f"positional arguments without help: {bare}"
+
+
+def test_the_readme_is_one_screen_of_user_text() -> None:
+    # A README a user reads in minutes: at most 300 lines, no issue numbers (they mean nothing
+    # to a user; results and their history live in docs/).
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    assert not re.findall(r"(?i)\bissues? \d+", readme)
+
+
+def test_the_readme_quickstart_block_is_the_recorded_output() -> None:
+    # The block a user compares with their terminal is what `hpo sweep quickstart` printed in a
+    # real run (benchmarks/quickstart_output.py writes docs/quickstart_output.txt and the block).
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- quickstart output -->", 1)[1].split("```", 2)[1].split("\n", 1)[1]
+    recorded = (REPO / "docs" / "quickstart_output.txt").read_text()
+    assert block == recorded
+    assert "Early answer (at 30% of training)" in block and "compute used: " in block

@@ -137,3 +137,11 @@ def test_keep_rule_within_the_tolerance_keeps_the_rule_survivors_only():
     spread = [Candidate(str(i), 2.0 * (1 + 0.01 * i), 2.3) for i in range(5)]
     shrunk = keep_rule(spread, last=True, reduction_factor=2, margin=0.025, tolerance=0.01)
     assert shrunk.kept == ("0", "1") and shrunk.margin == pytest.approx(0.015)
+
+
+# Asserts: replicates with nearby seed numbers (201, 202) are separate sweeps: a seed is a name,
+# not a magnitude within 1% (pooling them put seed noise into the measured order error).
+def test_kind_groups_keep_replicate_seeds_apart() -> None:
+    items = {f"{s}{e}": {"eta": e, "batch_size": 2048, "weight_decay": 0.1 * 0.01 / e, "tau": 0.3, "seed": s,
+                         "data_seed": s} for s in (201, 202) for e in (0.01, 0.02)}
+    assert rules.kind_groups(items, "eta_fixed_tau") == [["2010.01", "2010.02"], ["2020.01", "2020.02"]]

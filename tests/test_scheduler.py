@@ -214,6 +214,7 @@ def sched(**kw: Any) -> CollapseScheduler:
     kw.setdefault("metric", "loss")
     kw.setdefault("mode", "min")
     kw.setdefault("min_points", 2)
+    kw.setdefault("rungs", (0.1, 0.2, 0.3))  # the mechanics of three rungs (the shipped default has one)
     s = CollapseScheduler(**kw)
     s._strict = True  # re-raise internal errors in tests instead of logging them
     return s
@@ -777,7 +778,8 @@ def test_restore_refuses_mismatched_or_malformed_state(tmp_path):
     with pytest.raises(ValueError, match="rungs"):
         CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.2, 0.4), resume=True)
     with pytest.raises(ValueError, match="decision mode"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, decision_mode="audit", resume=True)
+        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.1, 0.2, 0.3), decision_mode="audit",
+                          resume=True)
     path.write_text("{")
     with pytest.raises(StateFileError, match="scheduler_state.json"):
         CollapseScheduler(predictor=FakePredictor(), state_path=path, resume=True)
@@ -1121,7 +1123,7 @@ def test_end_to_end_ray_tune_sync(tmp_path):
     answers: list[dict] = []
     scheduler = CollapseScheduler(
         predictor=FakePredictor(), min_points=2, state_path=tmp_path / "scheduler_state.json",
-        on_early_answer=answers.append, persist_interval_s=0.5,
+        rungs=(0.1, 0.2, 0.3), on_early_answer=answers.append, persist_interval_s=0.5,
     )
 
     class Seen(tune.Callback):
@@ -1302,3 +1304,24 @@ def test_bookkeeping_is_not_quadratic_in_the_trials():
     assert all(rung.decided for rung in s.state.rungs) and len(outcome.completed) >= 1
     assert counts["walked"] <= 2 * n, counts  # the simulator's own start-up walk, not one per call
     assert counts["live"] <= 40 * n, counts
+
+
+# Asserts: a survivor whose pause checkpoint is still being written when its rung is decided
+# (Ray keeps it RUNNING until the save ends, and may ask for a trial to run meanwhile) is
+# still chosen once it is PAUSED: two trials reaching the rung together must not hang the sweep.
+def test_survivor_still_saving_its_pause_is_resumed():
+    s = sched(rungs=(0.2,))
+    a, b = stub("a", final=1.0, tau=0.5), stub("b", final=1.2, tau=0.5)
+    ctl = FakeController(s, [a, b])
+    for t in (a, b):
+        ctl.start(t)
+    for _ in range(3):
+        ctl.step(a)
+        ctl.step(b)
+    assert s.on_trial_result(ctl, a, make_result(1.0, 0.5, 0.2)) == PAUSE  # a saves; still RUNNING
+    ctl.pos["a"] = 4
+    assert s.choose_trial_to_run(ctl) is None  # nothing may run yet (a waits, b runs)
+    assert ctl.step(b) == STOP  # b decides the rung: a kept, b stopped
+    assert s.choose_trial_to_run(ctl) is None  # a is still RUNNING (its save has not ended)
+    a.set_status(Trial.PAUSED)  # the save ends: Ray applies the cached PAUSE
+    assert s.choose_trial_to_run(ctl) is a

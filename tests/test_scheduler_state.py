@@ -236,3 +236,20 @@ def test_waiting_rung_predicate():
     assert not state.rungs[0].waiting("a") and state.rungs[1].waiting("a")
     assert state.may_run("a", sync=True) is False and state.may_run("a", sync=False) is True
     assert state.may_run("b", sync=False) is False and state.may_run("unknown", sync=True) is True
+
+
+def test_debug_string_states_the_default_margin_z():
+    # Settings that omit margin_z state the default the scheduler uses (it printed 1.0).
+    from hpo.decisions.rules import DEFAULT_MARGIN_Z
+
+    state = _state()
+    state.settings = {"rungs": [0.1], "decision_mode": "sync", "margin": "calibrated"}
+    assert f"calibrated, z={DEFAULT_MARGIN_Z:g}" in state.debug_string() and DEFAULT_MARGIN_Z != 1.0
+
+
+def test_binary_state_file_names_the_file(tmp_path):
+    # `hpo resume` on a folder whose state file is binary: one line, not a UnicodeDecodeError.
+    path = tmp_path / "scheduler_state.json"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(StateFileError, match="scheduler_state.json: not a scheduler state file .*binary"):
+        SchedulerState.load(path)

@@ -35,6 +35,13 @@ def test_sizes_report_scores_every_method_on_the_largest_widths(tmp_path, monkey
     assert "outside their stated ±2σ:" in text  # the misses listed one by one (or "none")
     # The band against the error it states, and the curve MAE per distance (issue 28).
     assert "±2σ / RMS error (target ≤ 2.5×)" in text and "| curve MAE (× oracle)" in text
+    # The targets over every split: the default's MAE at s ≤ 0.3 against the best single method's
+    # (1.00× where it is the best), and whether it is ever worse than the nearest width.
+    targets = text.split("## Targets, over every split")[1].split("## Coverage by distance")[0]
+    chosen = next(line for line in targets.splitlines() if line.startswith("| chosen"))
+    cells = [cell.strip() for cell in chosen.strip("|").split("|")]
+    assert cells[3].endswith("%") and cells[4].endswith("×") and float(cells[4][:-1]) >= 1.0
+    assert cells[5] in ("yes",) or cells[5].startswith("no (s = ")
 
 
 def test_too_few_widths_is_refused(monkeypatch, capsys):

@@ -96,6 +96,23 @@ def test_mlflow_parent_and_children(finished_sweep: Path) -> None:
         else:
             assert "final_loss" not in child.data.metrics
     assert parents[0].data.tags.get("predicted_best.trial_id")
+    # The MLflow UI opens on the sweep: the experiment is model training (runs page, not the
+    # GenAI overview), children are named by their config, every scheduler setting is a param,
+    # and the parent's description and metrics hold the early answer and the rung table.
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
+    assert sorted(c.info.run_name for c in children) == ["lr=0.0025", "lr=0.01", "lr=0.04", "lr=0.16"]
+    parent = parents[0].data
+    for key in ("scheduler.margin_z", "scheduler.reduction_factor", "scheduler.tolerance", "scheduler.rungs"):
+        assert key in parent.params, key
+    answer = json.loads((finished_sweep / "predicted_best.json").read_text())
+    note = parent.tags["mlflow.note.content"]
+    assert f"trial {answer['trial_id']}" in note and "| rung t̂ |" in note
+    assert parent.tags["predicted_best.answer"].splitlines()[0] in note
+    assert parent.metrics["pick_predicted_final_loss"] == pytest.approx(answer["predicted_final_loss"])
+    assert 0 < parent.metrics["compute_used"] < 1
+    survivor = next(c for c in children if c.data.tags["status"] == "completed")
+    assert survivor.data.tags["trial_id"] == answer["trial_id"]  # the pick trained to the end
+    assert parent.metrics["pick_final_loss"] == pytest.approx(survivor.data.metrics["final_loss"], abs=1e-6)
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert "report" in artifacts and "scheduler_state.json" in artifacts
 
@@ -170,12 +187,81 @@ def test_an_occupied_output_dir_says_whether_resume_applies(tmp_path: Path) -> N
 
 
 def test_the_readme_output_tree_names_everything_a_sweep_writes(finished_sweep: Path) -> None:
-    # README "What a sweep writes" lists every file and folder of a sweep's output (it missed some).
+    # README "On disk: what a sweep writes" lists every file and folder of a sweep's output.
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    tree = readme.split("## What a sweep writes", 1)[1].split("```", 2)[1]
+    tree = readme.split("### On disk: what a sweep writes", 1)[1].split("```", 2)[1]
     named = set(re.findall(r"[\w.\-]+/?", tree))
     written = sorted(p.name + ("/" if p.is_dir() else "") for p in finished_sweep.iterdir())
     missing = [name for name in written if name not in named and name.rstrip("/") not in named]
     assert not missing, f"README's output tree leaves out {missing}"
     report = sorted(p.name for p in (finished_sweep / "report").iterdir())
     assert not [name for name in report if name not in named], report
+
+
+def _rendered_text(url: str, chromium: str) -> str:
+    """The text of ``url`` as a browser renders it (headless Chromium; scripts run, then the
+    DOM is read), without markup, styles and scripts."""
+    import subprocess
+
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    dom = re.sub(r"(?s)<(script|style)[^>]*>.*?</\1>", " ", dom)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_opens_on_the_sweep_in_a_browser(finished_sweep: Path) -> None:
+    # What a user sees in a real browser on `mlflow ui` over the sweep's store, at the link the
+    # sweep prints: the runs table (not MLflow's GenAI overview) with the sweep's parent run, and
+    # on the parent's page the early answer, the answer's metrics, margin_z and the children
+    # named by their config. Chromium is installed by .ci/run (Debian's `chromium`).
+    import shutil
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from hpo.tracking.uri import experiment_page
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    where = OUTCOME["mlflow"]
+    ui = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(["mlflow", "ui", "--backend-store-uri", where["tracking_uri"], "--port", str(port),
+                               "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{ui}/health", timeout=3).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "mlflow ui did not start"
+                time.sleep(1)
+        page = experiment_page(ui, where["experiment_id"])
+        assert page in where["text"].replace("127.0.0.1:5000", f"127.0.0.1:{port}")
+        runs = _rendered_text(page, chromium)
+        assert "Run Name" in runs and "matching runs" in runs and "tiny" in runs, runs[:2000]
+        assert "Latency" not in runs  # the GenAI overview is not where it opens
+
+        import mlflow
+
+        parent = mlflow.MlflowClient(where["tracking_uri"]).search_runs(
+            [where["experiment_id"]], filter_string="tags.collapse_hpo.kind = 'sweep'")[0]
+        answer = json.loads((finished_sweep / "predicted_best.json").read_text())
+        text = _rendered_text(f"{ui}/#/experiments/{where['experiment_id']}/runs/{parent.info.run_id}"
+                              "?workflowType=machine_learning", chromium)
+        assert f"Early answer (at {100 * answer['rung']:.0f}% of training): trial {answer['trial_id']}" in text
+        assert "pick_predicted_final_loss" in text and "compute_used" in text and "scheduler.margin_z" in text
+        assert "Child runs" in text and all(name in text for name in ("lr=0.0025", "lr=0.01", "lr=0.04", "lr=0.16"))
+    finally:
+        import os
+        import signal
+
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

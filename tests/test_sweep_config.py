@@ -67,6 +67,18 @@ def test_rungs_must_be_increasing_fractions() -> None:
     assert "scheduler.rungs" in _error(BASE, "scheduler.rungs=[0.1, 1.5]")
 
 
+def test_rungs_are_checked_by_the_schedulers_own_rule() -> None:
+    # One home for the rung check: a rung at t̂ = 1 (it would decide after every trial
+    # finished) is refused by the sweep config and by CollapseScheduler with the same words.
+    from hpo.decisions.scheduler_contract import check_rungs
+
+    with pytest.raises(ValueError) as direct:
+        check_rungs([0.5, 1.0])
+    message = _error(BASE, "scheduler.rungs=[0.5, 1.0]")
+    assert "scheduler.rungs" in message and str(direct.value).removeprefix("rungs: ") in message
+    assert check_rungs((0.1, 0.2)) == [0.1, 0.2]
+
+
 def test_loguniform_needs_increasing_bounds() -> None:
     # A log-uniform range must have 0 < low < high.
     assert "search_space.lr" in _error({**BASE, "search_space": {"lr": {"loguniform": [0.1, 0.01]}}})
@@ -160,3 +172,22 @@ def test_limits_are_stated_and_can_be_raised() -> None:
     for text in ("inf", "-Infinity", " NaN "):
         with pytest.raises(ConfigError, match="trainer.tau: .* is not a finite number"):
             load_sweep_config(data=sweep_config(**{"trainer.tau": text}), source="s.yaml")
+
+
+def test_a_boolean_is_not_a_number() -> None:
+    # pydantic reads `tau: true` as 1.0 and `batch_size: true` as 1: a typo that would train.
+    assert "tau: Value error, true is a boolean, not a number" in _error(BASE, "trainer.tau=true")
+    assert "boolean" in _error(BASE, "search_space.lr.grid=[0.01, true]")
+    assert "boolean" in _error(BASE, "scheduler.reduction_factor=true")
+    assert load_sweep_config(data=BASE, overrides=("monitor.enabled=false",)).monitor.enabled is False
+
+
+def test_empty_search_space_and_empty_output_dir_are_refused() -> None:
+    assert "search_space: Value error, empty" in _error({**BASE, "search_space": {}})
+    assert "search_space: Value error, empty" in _error({k: v for k, v in BASE.items() if k != "search_space"})
+    assert "output_dir: Value error, empty path" in _error({**BASE, "output_dir": ""})
+
+
+def test_experiment_name_longer_than_mlflow_takes_is_refused() -> None:
+    assert "mlflow.experiment: Value error, 501 characters" in _error({**BASE, "mlflow": {"experiment": "x" * 501}})
+    assert load_sweep_config(data={**BASE, "mlflow": {"experiment": "x" * 500}}).mlflow.experiment == "x" * 500

@@ -131,3 +131,58 @@ def test_ids_in_mlflow_filters_are_checked_never_spliced() -> None:
     with pytest.raises(InputError, match="run id"):
         record_stop(client, "abc' or '1'='1", {})
     assert len(client.filters) == 1  # nothing reached the store
+
+
+def test_results_reach_the_metric_history_when_reported_and_exactly_once_across_a_resume(tmp_path: Path) -> None:
+    # The result log runs where Ray calls stoppers: before the scheduler persists a decision built
+    # on the result. A driver killed after it is resumed by a new driver whose trials report
+    # again from their checkpoint: steps already in the history are skipped, new ones logged.
+    from hpo.tracking.runs import MlflowResultLog
+
+    output = tmp_path / "out"
+    first = _tracker(output)
+    first.start()
+    log = MlflowResultLog(first)
+    for step in (10, 20, 30):
+        assert log("t1", {"step": step, "loss": 3.0 - step / 100, "train_fraction": step / 100}) is False
+    run = first.child_run_id("t1", "t1")
+    assert [m.step for m in first.client.get_metric_history(run, "loss")] == [10, 20, 30]  # at once, no callback
+
+    second = _tracker(output)  # `hpo resume`: a new driver, the same store
+    second.start()
+    again = MlflowResultLog(second)
+    for step in (20, 30, 40):  # retrained from the checkpoint at step 10
+        again("t1", {"step": step, "loss": 3.0 - step / 100, "train_fraction": step / 100})
+    again("t1", {"step": 40, "loss": 2.6, "replayed": True})
+    history = second.client.get_metric_history(run, "loss")
+    assert sorted(m.step for m in history) == [10, 20, 30, 40]
+    assert sorted(m.step for m in second.client.get_metric_history(run, "train_fraction")) == [10, 20, 30, 40]
+    assert len(_runs(second)) == 2  # parent + the one trial run
+
+
+def test_resume_rebuilds_the_early_answer_file_and_tags_from_the_state(tmp_path: Path) -> None:
+    # Killed after the scheduler persisted its early answer, before predicted_best.json and the
+    # parent's tags were written: `hpo resume` writes both again from the state.
+    from hpo.decisions.early_answer import EarlyAnswer
+    from hpo.service.sweep import restore_early_answer
+    from hpo.tracking.runs import EARLY_ANSWER_TAG
+
+    output = tmp_path / "out"
+    tracker = _tracker(output)
+    parent = tracker.start()
+    answer = {"trial_id": "t2", "config": {"lr": 0.01}, "predicted_final_loss": 3.1, "uncertainty": 0.02,
+              "rung": 0.4, "kept": ["t2"], "margin": 0.0, "compute_fraction": 0.45}
+    (output / "scheduler_state.json").write_text(json.dumps({"early_answer": answer}))
+    early = EarlyAnswer(output, tracker)
+    assert restore_early_answer(output, early, tracker) is True
+    assert json.loads((output / "predicted_best.json").read_text()) == answer
+    tags = tracker.client.get_run(parent).data.tags
+    assert tags[EARLY_ANSWER_TAG] == "1" and tags["predicted_best.trial_id"] == "t2"
+    assert restore_early_answer(output, early, tracker) is False  # both present: nothing rewritten
+    (output / "predicted_best.json").unlink()
+    assert restore_early_answer(output, early, tracker) is True
+    assert (output / "predicted_best.json").exists()
+    (output / "scheduler_state.json").write_text(json.dumps({"early_answer": None}))
+    (output / "predicted_best.json").unlink()
+    assert restore_early_answer(output, early, tracker) is False  # no answer yet: none invented
+    assert not (output / "predicted_best.json").exists()

@@ -16,12 +16,13 @@ describes the whole run.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from predictors.equations import adamw_timescale, tokens_per_param, weight_decay_for_timescale
 from predictors.schedules import Schedule, ScheduleName
@@ -41,9 +42,34 @@ def default_ffn_dim(d_model: int) -> int:
     return max(FFN_MULTIPLE, int(round(FFN_RATIO * d_model / FFN_MULTIPLE)) * FFN_MULTIPLE)
 
 
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field of this type may hold ``True``/``False`` (``bool``, ``Any``, a union with either)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(arg) for arg in typing.get_args(annotation))
+
+
+def refuse_bool_number(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """A ``field_validator("*", mode="before")`` body: refuse ``true``/``false`` (also inside
+    a list) for a field that does not hold booleans. Pydantic reads ``tau: true`` as 1.0 and
+    ``batch_size: true`` as 1, so a typo would train."""
+    field = model.model_fields.get(info.field_name or "")
+    if field is None or _admits_bool(field.annotation):
+        return value
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, bool) for v in values):
+        raise ValueError(f"{value!r} is a boolean, not a number".replace("True", "true").replace("False", "false"))
+    return value
+
+
 class _Strict(BaseModel):
     # extra="forbid": a misspelt key is an error that names it, never a silent default.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse_bool_number(cls, value, info)
 
 
 class ModelConfig(_Strict):

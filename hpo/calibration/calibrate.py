@@ -23,6 +23,7 @@ from hpo.calibration.fit import FitSettings, fit_and_report
 from hpo.trials.curve_bank import bank_curves, fill_epochs, load_bank, run_id_of
 from hpo.common.output_lock import hold_folder
 from hpo.common.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
+from hpo.common.paths import check_output_dir, check_output_file
 from hpo.trials.sweep_config import merge_trial
 
 
@@ -174,9 +175,25 @@ def _output(config: CalibrationConfig) -> Path:
     return _resolve(config.output_dir or f"runs/calibration/{config.name}")
 
 
-def _predictor_out(config: CalibrationConfig) -> Path:
+def _predictor_out_given(config: CalibrationConfig) -> str:
     assert config.predictor_out is not None
-    return _resolve(config.predictor_out.replace("{output_dir}", str(_output(config))).replace("{name}", config.name))
+    return config.predictor_out.replace("{output_dir}", str(_output(config))).replace("{name}", config.name)
+
+
+def _predictor_out(config: CalibrationConfig) -> Path:
+    return _resolve(_predictor_out_given(config))
+
+
+def preflight_outputs(config: CalibrationConfig) -> None:
+    """Where the calibration writes (its report folder, its predictor file), checked before any
+    curve is read or any run trained: a predictor path that is a folder, lies under a file or
+    cannot be written used to fail after the whole fit, leaving the report folder behind."""
+    check_output_dir(config.output_dir if config.output_dir is not None else f"runs/calibration/{config.name}",
+                     "output_dir (--output-dir)")
+    if config.predictor_out is not None:
+        if not config.predictor_out.strip():
+            raise ConfigError("predictor_out (--predictor-out): empty path; name a file, or null to bank only")
+        check_output_file(_predictor_out_given(config), "predictor_out (--predictor-out)")
 
 
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
@@ -231,6 +248,7 @@ def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool 
     output folder's lock (``hpo.common.output_lock``): two calibrations into one folder would break
     its ``mlflow.db``."""
     config = load_calibration_config(config_path, overrides)
+    preflight_outputs(config)
     with hold_folder(_output(config), "hpo calibrate"):
         return _calibrate(config, fit_only)
 
@@ -278,6 +296,7 @@ def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str,
     on curves from ``hpo.calibration.curve_import`` (a user's file or MLflow experiment)."""
     if config.predictor_out is None:
         raise ConfigError("predictor_out: a calibration from curves must write a predictor (got null)")
+    preflight_outputs(config)  # also checked by `hpo calibrate` before the curves were read
     predictor_path = _predictor_out(config)
     with hold_folder(_output(config), "hpo calibrate"):
         summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from hpo.common.errors import InputError
+from hpo.common.paths import PathError, check_input_file
 from hpo.tracking.uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
 from predictors import Controls, Curve, smooth_loss
 from predictors.equations import adamw_timescale
@@ -71,6 +72,10 @@ COMPLETE_T = 0.99
 #: Largest loss accepted. Language-model losses in nats are O(1-10); 1e6 leaves room for any
 #: unit while keeping the fit's squared residuals far from float overflow.
 MAX_LOSS = 1e6
+#: Smallest loss accepted: a cross-entropy in nats of a language model is far above it (the
+#: entropy of text is ~1 nat/token); 1e-300 is an underflow or a unit error, and its log would
+#: dominate the fit's residuals.
+MIN_LOSS = 1e-6
 
 
 class CurveImportError(InputError):
@@ -134,10 +139,10 @@ def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
         ['run stopped: ends at t̂ = 0.5, before the end of training; left out']
     """
     path = Path(path)
-    if not path.exists():
-        raise CurveImportError(f"{path}: no such curve file")
-    if path.is_dir():
-        raise CurveImportError(f"{path}: is a directory, not a curve file")
+    try:
+        check_input_file(path, what="curve file")  # missing, a directory, a FIFO (the read would block)
+    except PathError as exc:
+        raise CurveImportError(str(exc)) from None
     limit_mb = max_curve_mb()
     size_mb = path.stat().st_size / 2**20
     if size_mb > limit_mb:
@@ -292,6 +297,7 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     if position == "step":
         pos = pos * _run_value(rows, "batch_size", run_id, source)
     t_hat = pos / total if position != "train_fraction" else pos
+    back = np.flatnonzero(np.diff(t_hat) < 0)  # in the file's order, checked after duplicates below
     loss = _numbers(rows, "loss", run_id, source)
     order = np.argsort(t_hat, kind="stable")
     t_hat, loss = t_hat[order], loss[order]
@@ -300,6 +306,12 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     marks = _change_points(rows.iloc[order], t_hat, run_id, source)
     if np.any(np.diff(t_hat) == 0):
         raise CurveImportError(f"{source}: run {run_id}: duplicate positions in column '{position}'")
+    if back.size:  # rows out of training order (a resumed run's log appended after its later points?)
+        raw = pd.to_numeric(rows[position], errors="coerce").to_numpy(dtype=float)
+        i = int(back[0])
+        raise CurveImportError(f"{source}: run {run_id}: column '{position}' decreases within the run "
+                               f"({raw[i]:.6g} then {raw[i + 1]:.6g}); a run's rows must be in training order "
+                               "(drop the points logged after the checkpoint a resume went back to)")
     if t_hat[0] < -T_HAT_SLACK or t_hat[-1] > 1.0 + 1e-6:
         raise CurveImportError(
             f"{source}: run {run_id}: positions reach t̂ = {t_hat[-1]:.4g} (range {t_hat[0]:.4g}–{t_hat[-1]:.4g}); "
@@ -312,6 +324,10 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
         return None, f"run {run_id}: non-finite loss from t̂ = {first:.3g} on (diverged); left out"
     if np.any(loss <= 0):
         raise CurveImportError(f"{source}: run {run_id}: column 'loss' must be > 0")
+    if np.any(loss < MIN_LOSS):
+        worst = int(np.argmin(loss))
+        raise CurveImportError(f"{source}: run {run_id}: column 'loss' is {loss[worst]:.3g} at t̂ = {t_hat[worst]:.3g}; "
+                               f"losses must be at least {MIN_LOSS:g} (an underflow or a unit error?)")
     if np.any(loss > MAX_LOSS):
         worst = int(np.argmax(loss))
         raise CurveImportError(f"{source}: run {run_id}: column 'loss' is {loss[worst]:.3g} at t̂ = {t_hat[worst]:.3g}; "

@@ -74,7 +74,10 @@ def fit_and_report(
                   "corpus_hash": sorted(set(str(c.meta.get("corpus_hash")) for c in curves))}
     refits = held_out.Refits(curves)  # shared: the size comparison's refits serve the error tables too
     modes = [True, False] if settings.compare_fixed_m else [settings.fit_m]
-    measured = settings.held_out_error and len(curves) >= 4
+    # Held out from refits of two or more curves: three curves suffice (a three-width calibration
+    # shipped its in-sample error: on the Perl ladder ±2σ 32% at s = 0.1 and 3.3% at 0.3 for a
+    # width 2.2x beyond, whose errors were 6.9% and 6.3%).
+    measured = settings.held_out_error
     fits = {fit_m: _fit_mode(curves, settings, fit_m, provenance, refits, measured) for fit_m in modes}
     results = {fit_m: f.result for fit_m, f in fits.items()}
     chosen_mode = _choose_mode(results, settings.fit_m)
@@ -86,7 +89,9 @@ def fit_and_report(
         if ranking is None:
             notes.append("ranking error not measured: the bank holds no sweep (curves that differ in "
                          "only one of η, B, λ at one TPP, size and seed)")
-    band = monitor_band(curves, predictor, refits, chosen.method) if measured else monitor_band(curves, predictor)
+    corpus_complete = complete_curves(list(corpus_curves))[0]
+    band = (monitor_band(curves, predictor, refits, chosen.method, corpus_complete) if measured
+            else monitor_band(curves, predictor, corpus_curves=corpus_complete))
     if band is None:
         notes.append("monitor band not measured: fewer than 3 complete curves the predictor covers")
     else:
@@ -121,6 +126,9 @@ def _fit_mode(curves: list, settings: FitSettings, fit_m: bool, provenance: dict
     label = "five-parameter" if fit_m else "paper (m = 0.05)"
     candidates = {m.name: m for m in size_methods(base)}
     choice = None
+    # With three curves too (refits of two): below four the size term shipped unexamined, and on the
+    # width ladders of one run a width a three-width calibration shipped it 2-3x worse than the
+    # nearest width (issue 37).
     if settings.size_method == "choose" and measured:
         _progress(f"{label}: how model size enters the prediction (leave-one-size-out)")
         choice = choose_size_method(curves, fit_kwargs=base, refits=refits, progress=_progress)
@@ -192,16 +200,23 @@ def _write_outputs(summary: dict[str, Any], curves: list, predictor: Any, predic
 
 
 def monitor_band(curves: list, predictor: Any, refits: Optional[held_out.Refits] = None,
-                 method: Optional[held_out.Method] = None) -> Any:
-    """The collapse-residual noise band (``predictors.monitor``) of the clean calibration curves:
+                 method: Optional[held_out.Method] = None, corpus_curves: Sequence[Any] = ()) -> Any:
+    """The collapse-residual noise bands (``predictors.monitor``) of the clean calibration curves:
     the predictor's ``monitor`` section. None when fewer than 3 curves are covered.
 
-    With the calibration's ``refits`` and chosen ``method`` each run is judged by its
-    leave-one-out refit (the cached one the decision error used), so the band is the residual
-    of a run the predictor has not seen: in-sample a run is part of its own reference curves and
-    the band shrinks to the noise of an average containing it (measured on the shipped bank: 13/116
-    false alarms on clean in-range runs). Without them, against ``predictor`` itself (in-sample)."""
-    from predictors.monitor import calibrate_band
+    Predictor mode: with the calibration's ``refits`` and chosen ``method`` each run is judged
+    by its leave-one-out refit (the cached one the decision error used), so the band is that of
+    a run the predictor has not seen: in-sample a run is part of its own reference curves and
+    the band shrinks to the noise of an average containing it (measured on the shipped bank:
+    13/116 false alarms on clean in-range runs). Without them, against ``predictor`` itself
+    (in-sample). ``corpus_curves`` (complete runs of the ``corpus_banks``, other corpora the fit
+    never saw) join the band, each against ``predictor``: a corpus's own shape is then part of
+    the spread the band allows (on the shipped stdlib band the Perl and C-header runs alarm at
+    36% and 79%: benchmarks/monitor.md). Reference mode (``band.reference``): each run against
+    the runs of the same corpus and controls and another seed
+    (``predictors.monitor.pair_changes``), calibration and corpus runs alike; None without such
+    pairs."""
+    from predictors.monitor import calibrate_band, calibrate_reference_band
 
     reference: Any = predictor
     words = "residual against the fitted predictor (in-sample)"
@@ -212,8 +227,23 @@ def monitor_band(curves: list, predictor: Any, refits: Optional[held_out.Refits]
             return refits.predictor([j for j in range(len(refits.curves)) if j != index[id(curve)]], method)
 
         reference, words = leave_one_out_refit, "residual against each run's leave-one-out refit"
+    others = list(corpus_curves)
+    if others:
+        calibration = {id(c) for c in curves}
+        inner = reference
+
+        def judged_by(curve: Any) -> Any:
+            return (inner(curve) if callable(inner) and not hasattr(inner, "normalized_curve") else inner) \
+                if id(curve) in calibration else predictor
+
+        reference = judged_by
+        words += f"; and {len(others)} clean runs of other corpora against the predictor"
+    pooled = list(curves) + others
+    pairs = calibrate_reference_band(pooled, source="pairs of clean runs of the same corpus and controls and "
+                                                    "different seeds, one judged against the other")
     try:
-        return calibrate_band(curves, reference, source=f"{len(curves)} clean calibration curves, {words}")
+        return calibrate_band(pooled, reference, source=f"{len(curves)} clean calibration curves, {words}",
+                              reference_band=pairs)
     except ValueError:
         return None
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from hpo.calibration import held_out
-from hpo.calibration.size_choice import CHOICE_NOISE_Z
+from hpo.calibration.size_choice import CHOICE_FRACTIONS_MAX, CHOICE_NOISE_Z, MIN_FOLD_SIZES
 from hpo.common.tables import markdown_table
 from predictors import equations
 
@@ -55,10 +55,12 @@ def _pooled(rows: list[dict[str, Any]], s: str, key: str) -> float:
 
 
 def _size_comparison(choice: Any) -> dict[str, Any]:
-    """The leave-one-size-out comparison of the size methods, per held-out size, for the report."""
+    """The leave-one-size-out comparison of the size methods for the report: per method its
+    score and its error per held-out size; and every paired comparison the choice made (per
+    held-out curve of every fold)."""
     if choice is None or not choice.held:
         return {}
-    out = {}
+    out: dict[str, Any] = {}
     for name, held in choice.held.items():
         groups = [g for g in held.groups if g.scheme == held.scheme]
         out[name] = {
@@ -69,7 +71,7 @@ def _size_comparison(choice: Any) -> dict[str, Any]:
                           "rms": {f"{s:g}": r for s, r in zip(held.fractions, g.rms())},
                           "bias": {f"{s:g}": b for s, b in zip(held.fractions, g.bias())}} for g in groups],
         }
-    return out
+    return {"methods": out, "paired": [c.to_dict() for c in getattr(choice, "comparisons", ())]}
 
 
 def calibration_summary(curves: list, results: dict[bool, Any], chosen_mode: bool,
@@ -213,26 +215,57 @@ def calibration_markdown(summary: dict[str, Any]) -> str:
 
 
 def _size_markdown(modes: dict[str, Any], s_words: str) -> list[str]:
-    """The leave-one-size-out comparison of the size methods (one row per method and size)."""
-    rows = []
+    """The leave-one-size-out comparison of the size methods (one row per method and size), and
+    the paired differences the choice used (one row per comparison and fold)."""
+    rows, paired_rows = [], []
     for mode, info in modes.items():
-        for name, entry in (info.get("size_comparison") or {}).items():
+        comparison = info.get("size_comparison") or {}
+        for name, entry in (comparison.get("methods") or {}).items():
             for g in entry["per_size"]:
                 where = f"{'inside' if g['inside'] else 'beyond'}, {g['distance']:.2f}"
                 rows.append([mode, name + (" (chosen)" if entry["chosen"] else ""), f"{g['n_params']:.3g}", where,
                              g["n"], _per_s(g["rms"], 2), _per_s(g["bias"], 2)])
             rows.append([mode, name, "score", "", "", f"{100 * entry['score']:.2f}%", ""])
+        for c in comparison.get("paired") or []:
+            folds: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+            for p in c["pairs"]:
+                folds.setdefault((p["scheme"], p["n_params"], p["inside"], p["distance"]), []).append(p)
+            label = f"{c['richer']} vs {c['simpler']}"
+            for (scheme, n, inside, distance), pairs in folds.items():
+                differ = [p["simpler_error"] - p["richer_error"] for p in pairs if not p["coincide"]]
+                paired_rows.append([mode, label, scheme, f"{n:.3g}", f"{'inside' if inside else 'beyond'}, {distance:.2f}",
+                                    len(pairs), len(pairs) - len(differ),
+                                    f"{100 * np.mean([p['simpler_error'] for p in pairs]):.2f}%",
+                                    f"{100 * np.mean([p['richer_error'] for p in pairs]):.2f}%",
+                                    f"{100 * np.mean(differ):+.2f}%" if differ else "no evidence", ""])
+                label = ""
+            noise = c["noise"]
+            paired_rows.append([mode, "", "all folds", "", "", c["n_pairs"], c["n_pairs"] - c["n_differ"], "", "",
+                                f"{100 * c['gain']:+.2f}%" if c["n_differ"] else "no evidence",
+                                ("n/a (fewer than 2 differ)" if noise is None
+                                 else f"{100 * c['z'] * noise:.2f}%: {'richer' if c['beats'] else 'simpler'}")])
     if not rows:
         return []
     whys = [f"- {mode}: {info['size_choice_rule']}" for mode, info in modes.items() if info.get("size_choice_rule")]
-    return ["", "## Model size in the prediction", "",
-            "Each model size predicted by a refit without it (leave-one-size-out), per way of bringing N into "
-            "the prediction (simplest first); the score is the mean over sizes and s ≤ 0.3 of each size's RMS. "
-            "The rule: the simplest method unless a more complex one beats it by more than "
-            f"{CHOICE_NOISE_Z:g} standard errors of their paired per-size difference. "
-            "Where: inside or beyond the remaining sizes, and |log| distance to the nearest.", "",
-            markdown_table(["mode", "method", "held-out N", "where", "curves", f"RMS, s = {s_words}",
-                            f"bias, s = {s_words}"], rows), "", "Chosen:", "", *whys]
+    lines = ["", "## Model size in the prediction", "",
+             "Each model size predicted by a refit without it (leave-one-size-out) and every size beyond the ones "
+             "up to (down from) each size (the extrapolations), per way of bringing N into the prediction "
+             "(simplest first). Where: inside or beyond the sizes the refit saw, and |log| distance to the nearest.",
+             "", markdown_table(["mode", "method", "held-out N", "where", "curves", f"RMS, s = {s_words}",
+                                 f"bias, s = {s_words}"], rows)]
+    if paired_rows:
+        lines += ["", "### Paired differences behind the choice", "",
+                  f"Each held-out curve of each fold (refits that saw at least {MIN_FOLD_SIZES} sizes) predicted by "
+                  f"both methods; error: the mean over s ≤ {CHOICE_FRACTIONS_MAX:g} of |relative error of the final|. "
+                  "A curve where the two predictions coincide adds no evidence; the gain (simpler − richer error) "
+                  "is the mean over the curves where they differ, and its noise combines the spread of those "
+                  "differences with the seed noise of the true finals (each curve counted once). A richer method "
+                  f"is chosen only when it beats every simpler one by more than {CHOICE_NOISE_Z:g}× that noise; "
+                  "among those, the lowest score.", "",
+                  markdown_table(["mode", "comparison", "fold", "held-out N", "where", "curves", "coincide",
+                                  "simpler's error", "richer's error", "gain (mean where they differ)",
+                                  f"{CHOICE_NOISE_Z:g}× noise: verdict"], paired_rows)]
+    return lines + ["", "Chosen:", "", *whys]
 
 
 def _groups_markdown(info: dict[str, Any], s_words: str) -> list[str]:

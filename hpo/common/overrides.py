@@ -60,6 +60,72 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+#: Caps on one YAML document (a file or a `--set` value). A config is a few hundred values a
+#: few levels deep; an alias bomb ("billion laughs": 9 levels of 9 aliases expand to 387 million
+#: values from a 1 KB file), a recursive alias (``&a [*a]``) or a 1,000-deep nesting would hang
+#: or overflow the stack of everything that walks the config, so they are refused up front,
+#: counting values as expanded (an alias counts as the whole value it stands for).
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 50
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_node_graph(root: yaml.Node) -> None:
+    """Refuse a composed document that is recursive, deeper than :data:`MAX_YAML_DEPTH` or
+    larger than :data:`MAX_YAML_VALUES` once its aliases are expanded (``yaml.YAMLError``, so
+    the caller names the file). Iterative, memoised per node: linear in the file, not in the
+    expansion."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        key, children = id(node), _children(node)
+        if leaving:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if depth[key] > MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels (from line {node.start_mark.line + 1})")
+            if size[key] > MAX_YAML_VALUES:
+                raise yaml.YAMLError(f"more than {MAX_YAML_VALUES:,} values once its aliases are expanded (an alias "
+                                     f"bomb? from line {node.start_mark.line + 1})")
+            continue
+        if key in size:
+            continue
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise yaml.YAMLError(f"recursive alias at line {child.start_mark.line + 1} (a value that contains itself)")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+def _load_bounded(stream: Any) -> Any:
+    """``yaml.load`` with :class:`_StrictLoader`, refusing recursive, too deep or too large
+    documents before any Python object is built."""
+    loader = _StrictLoader(stream)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:  # PyYAML composes nested values recursively
+            raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+        if node is None:
+            return None
+        _check_node_graph(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error as one line: what is wrong and where (PyYAML's own text spans lines)."""
@@ -97,9 +163,10 @@ def check_finite(data: Any, source: str, _where: str = "") -> None:
 def parse_yaml_value(raw: str, key: str) -> Any:
     """One `--set` value, parsed as YAML (``3e-3``, ``[0.1, 0.2]``, ``{a: 1}``)."""
     try:
-        return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return _load_bounded(raw)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {_yaml_problem(exc)}") from None
+        shown = raw if len(raw) <= 60 else f"{raw[:40]}...({len(raw):,} characters)"
+        raise ConfigError(f"--set {key}: cannot parse value {shown!r}: {_yaml_problem(exc)}") from None
 
 
 def apply_overrides(data: dict[str, Any], assignments: Iterable[str]) -> dict[str, Any]:
@@ -147,7 +214,7 @@ def read_yaml(path: str) -> dict[str, Any]:
     duplicate key, a non-finite number, or not a mapping at the top level."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.load(handle, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+            data = _load_bounded(handle)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except IsADirectoryError:

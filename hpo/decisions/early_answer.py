@@ -18,6 +18,7 @@ from rich.console import Console
 
 from hpo.decisions import rules
 from hpo.decisions.scheduler_records import RungRecord, TrialRecord
+from predictors.kinds import SWEEP_KINDS
 from predictors.io import atomic_write_json, json_safe
 
 
@@ -90,40 +91,68 @@ class EarlyAnswer:
                 Console(stderr=True).print(f"[yellow]MLflow publish failed: {exc}[/yellow]")
 
 
-def format_early_answer(answer: dict[str, Any]) -> str:
-    """The early answer as printed: short lines (readable at 80 columns), each number with what
-    it means."""
-    config = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in (answer.get("config") or {}).items())
-    margin = answer.get("margin")
+def config_words(config: Optional[Mapping[str, Any]]) -> str:
+    """A trial's config as the user wrote it in the sweep: ``lr=0.005, batch_size=2048``."""
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (config or {}).items())
+
+
+def order_line(answer: Mapping[str, Any]) -> Optional[str]:
+    """Which order decided the last rung and why, in one plain sentence (None for an answer
+    that does not record its order). The evidence behind it (pairs ordered right, the ranking
+    scale, the folds) is in ``margin_text``, which goes to report.md and the decision log."""
+    order = answer.get("order")
+    if not order:
+        return None
+    if "fixed margin" in str(answer.get("margin_text") or ""):
+        return "ranked by the predicted finals (a fixed keep-margin was set)"
+    words = str(answer.get("order_words") or "")
+    if words and not words.startswith("order:"):  # another keep rule (scheduler.rule) decided
+        return f"ranked by the sweep's keep rule ({words})"
+    label = SWEEP_KINDS.get(str(answer.get("kind")))
+    kind = f"{label.split(' (')[0]} sweeps" if label else "this kind of sweep"
+    weight = float(answer.get("order_weight") if answer.get("order_weight") is not None else 1.0)
+    # Calibration chose the order (the predicted finals, the losses so far or a blend) that
+    # ordered held-out sweeps of this kind best: that measurement is the "why".
+    order_words = ("the predicted finals" if weight >= 1.0 else "the losses so far" if weight <= 0.0
+                   else "a blend of predicted finals and losses so far")
+    return f"ranked by {order_words}: measured the better order on {kind}"
+
+
+def early_answer_lines(answer: Mapping[str, Any]) -> list[str]:
+    """The early answer in plain words, at most six short lines: the pick and its config, its
+    predicted final ± error, P(best), compute so far, which order decided and why. Every number
+    behind them is in report.md and the rung's decision log, not here."""
+    rung = answer.get("rung")
+    header = (f"Early answer (at {100 * float(rung):.0f}% of training): " if rung is not None else "Early answer: ") \
+        + f"trial {answer.get('trial_id')}, {config_words(answer.get('config'))}"
+    revised = answer.get("revised")
+    if isinstance(revised, dict):
+        header += f" (revised: replaces {revised.get('from')})"
+    unc = answer.get("uncertainty")
+    predicted = answer.get("predicted_final_loss")
+    lines = [header,
+             f"  predicted final loss {predicted:.4f}" + (f" ± {unc:.4f}" if unc is not None else "")
+             if predicted is not None else "  predicted final loss: none"]
     p_best = answer.get("probability_best")
-    value_error = answer.get("value_error")
-    lines = [
-        "",
-        f"[bold green]Early answer at t̂ = {answer.get('rung')}[/bold green]: predicted best is "
-        f"trial {answer.get('trial_id')}",
-        f"  config: {config}",
-        *([f"  ranked by {answer['order']} (of the predicted finals and the losses at the",
-           "    rung, the order with the smaller measured error for this kind of sweep)"]
-          if answer.get("order") else []),
-        *([f"  P(it is the best of the {answer.get('n_candidates')} trials ranked at this rung): {100 * p_best:.0f}%",
-           "    (under the order's measured ranking error)"] if p_best is not None else
-          ["  P(best): not stated (no ranking error was measured for this order)"]),
-        f"  predicted final loss {answer.get('predicted_final_loss'):.4f} ± {answer.get('uncertainty'):.4f} (1σ)",
-        "    the predictor is calibrated for the order of the trials (the keep-margin",
-        "    covers it), not for the value"
-        + (f"; the value is uncertain by ~{100 * value_error:.1f}%" if value_error else ""),
-        f"  keep-margin {answer['margin_text']}" if answer.get("margin_text")
-        else f"  kept within margin {margin}" if margin not in (None, 0, 0.0) else "  keep-margin 0",
-        *([f"  the margin exceeded the spread of the predicted finals: kept all "
-           f"{len(answer.get('kept') or [])} trials"] if answer.get("kept_all") else []),
-        f"  compute spent so far: {100 * float(answer.get('compute_fraction', 0.0)):.1f}% "
-        "of the full sweep",
-        "",
-    ]
-    # Long parts (the margin's provenance) are wrapped here, between words and indented, so a
-    # log or an 80-column terminal never breaks them at the left margin.
+    lines.append(f"  P(best): {100 * p_best:.0f}% among the {answer.get('n_candidates')} trials compared last"
+                 if p_best is not None else "  P(best): not stated (this order's error was never measured)")
+    lines.append(f"  compute so far: {100 * float(answer.get('compute_fraction') or 0.0):.1f}% of the full sweep")
+    if (why := order_line(answer)) is not None:
+        lines.append("  " + why)
+    return lines
+
+
+def format_early_answer(answer: dict[str, Any]) -> str:
+    """The early answer as printed (rich markup on the first line; every line within 80
+    columns, a long one wrapped between words and indented)."""
+    lines = early_answer_lines(answer)
     wrapped = [textwrap.fill(line, width=80, subsequent_indent="    ", break_long_words=False,
-                             break_on_hyphens=False) if len(line) > 80 and "[" not in line else line
-               for line in lines]
-    return "\n".join(wrapped)
+                             break_on_hyphens=False) for line in lines]
+    first, _, rest = wrapped[0].partition(":")
+    wrapped[0] = f"[bold green]{first}[/bold green]:{rest}"
+    return "\n".join(["", *wrapped, ""])
+
+
+def early_answer_text(answer: dict[str, Any]) -> str:
+    """The early answer as plain text (no markup): MLflow tags and descriptions, ``hpo status``."""
+    return "\n".join(early_answer_lines(answer))

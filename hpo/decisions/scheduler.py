@@ -25,13 +25,8 @@ Ray Tune does not checkpoint scheduler state, so the scheduler persists its own
 (``hpo.decisions.scheduler_state``) to ``state_path`` and reloads it on construction and when unpickled
 (``Tuner.restore``): decided rungs stay decided, stopped trials stay stopped.
 
-Tested against Ray 2.60 (``TrialScheduler`` is a DeveloperAPI). Verified in its source:
-``stop_trial`` on a PAUSED/PENDING trial calls ``on_trial_remove`` re-entrantly (on a RUNNING
-one still saving, ``on_trial_complete``); PAUSED trials resume only through
-``choose_trial_to_run``; a ``done=True`` result never reaches ``on_trial_result``
-(``on_trial_complete`` gets it); ``on_trial_add`` is called again on restore and retry.
-Pitfall: ``TuneConfig(max_concurrent_trials=k)`` counts PAUSED trials as live, so in sync mode
-only k trials would exist at the first rung; limit concurrency with per-trial resources.
+Tested against Ray 2.60 (``TrialScheduler`` is a DeveloperAPI); the hook behaviour this relies
+on, verified in its source, is in ``docs/design.md`` ("The scheduler and Ray Tune").
 
 Example:
     >>> from hpo.data import default_predictor_path
@@ -88,14 +83,14 @@ class CollapseScheduler(FIFOScheduler):
         metric, mode: the reported (smoothed) loss, and ``"min"`` (``"max"`` is refused: lower
             losses are better); None lets ``tune.TuneConfig`` set them.
         time_attr: the result key holding t̂.
-        rungs: the decision fractions, strictly increasing in (0, 1].
+        rungs: the decision fractions, strictly increasing in (0, 1).
         reduction_factor: at intermediate rungs the best ⌈n/rf⌉ continue (> 1).
         margin: ``"calibrated"`` (default): keep every trial whose predicted log-final is within
             ``margin_z`` × the predictor's ranking scale (for the sweep's kind, at the rung) of
             the predicted best; or a number ≥ 0: that margin in log units (0.02 ≈ 2%) at every
             rung; 0 keeps exactly the rule's survivors (``hpo.decisions.rules``).
-        margin_z: the calibrated margin in ranking-scale units (default 0.25: stop a trial when
-            its chance of ending better than the predicted best is below Φ(−0.25) ≈ 40%).
+        margin_z: the calibrated margin in units of the rung's σ (default 0.5: stop a trial when
+            its chance of ending better than the predicted best is below Φ(−0.5) ≈ 31%).
         tolerance: how close two final losses must be to count as the same result (loss units;
             None: the seed noise the predictor measured; ``hpo.decisions.rules.keep_rule``).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
@@ -125,7 +120,7 @@ class CollapseScheduler(FIFOScheduler):
 
     def __init__(
         self, *, predictor: Any, metric: Optional[str] = None, mode: Optional[str] = None,
-        time_attr: str = "train_fraction", rungs: Sequence[float] = (0.1, 0.2, 0.3),
+        time_attr: str = "train_fraction", rungs: Sequence[float] = rules.DEFAULT_RUNGS,
         reduction_factor: float = 2, margin: Union[str, float] = "calibrated",
         margin_z: float = rules.DEFAULT_MARGIN_Z, tolerance: Optional[float] = None, decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,

@@ -167,6 +167,24 @@ def check_mode(mode: Optional[str]) -> None:
         raise ValueError(f"mode: must be 'min' or None, got {mode!r}")
 
 
+def check_rungs(rungs: Any) -> list[float]:
+    """The decision fractions as floats, or a ValueError saying what is wrong: at least one,
+    each strictly inside (0, 1) (a rung at t̂ = 1 would decide after every trial finished,
+    saving nothing), strictly increasing. The one check of rungs: the sweep config and
+    ``CollapseScheduler`` both call it."""
+    try:
+        fractions = [float(r) for r in rungs]
+    except (TypeError, ValueError):
+        raise ValueError(f"rungs: give a list of fractions in (0, 1), got {rungs!r}") from None
+    if not fractions:
+        raise ValueError("rungs: list at least one decision fraction")
+    if any(not (0.0 < r < 1.0) for r in fractions):
+        raise ValueError(f"rungs: every rung must lie in (0, 1), got {fractions}")
+    if any(b <= a for a, b in zip(fractions, fractions[1:])):
+        raise ValueError(f"rungs: must be strictly increasing, got {fractions}")
+    return fractions
+
+
 def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reduction_factor: float,
                     decision_mode: str, min_points: int, margin: Any, margin_z: float,
                     tolerance: Optional[float]) -> list[float]:
@@ -175,11 +193,7 @@ def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reductio
     if not callable(getattr(predictor, "predict_final", None)):
         raise ValueError("predictor: must have a predict_final(t_hat, loss, controls) method")
     check_mode(mode)
-    fractions = [float(r) for r in rungs]
-    if not fractions or any(not (0.0 < r <= 1.0) for r in fractions):
-        raise ValueError(f"rungs: give fractions in (0, 1], got {fractions}")
-    if any(b <= a for a, b in zip(fractions, fractions[1:])):
-        raise ValueError(f"rungs: must be strictly increasing, got {fractions}")
+    fractions = check_rungs(rungs)
     if not (float(reduction_factor) > 1.0 and math.isfinite(float(reduction_factor))):
         raise ValueError(f"reduction_factor: must be > 1, got {reduction_factor!r}")
     if decision_mode not in DECISION_MODES:

@@ -55,15 +55,26 @@ class RunQueue:
 
     def first(self, status: str, may_run: Callable[[Trial], bool]) -> Optional[Trial]:
         """The first trial (list order) with Ray ``status`` that ``may_run``; entries of trials
-        that are elsewhere or may not run are dropped (they are pushed again when that changes)."""
-        heap = self.heaps[status]
+        that are elsewhere or may not run are dropped (they are pushed again when that changes),
+        except a RUNNING trial's: Ray keeps a trial told to PAUSE running until its checkpoint
+        is written and tells the scheduler nothing when it then becomes PAUSED, so a survivor
+        decided meanwhile would never be pushed again (two trials reaching a rung together hung
+        the sweep)."""
+        heap, running, chosen = self.heaps[status], set(), None
         while heap:
-            place, tid = heap[0]
+            place, tid = heapq.heappop(heap)
             trial = self.trials.get(tid)
-            if trial is not None and self.place.get(tid) == place and trial.status == status and may_run(trial):
-                return trial
-            heapq.heappop(heap)
-        return None
+            if trial is None or self.place.get(tid) != place:
+                continue
+            if trial.status == status and may_run(trial):
+                chosen = trial
+                heapq.heappush(heap, (place, tid))
+                break
+            if trial.status == Trial.RUNNING:
+                running.add((place, tid))
+        for entry in running:
+            heapq.heappush(heap, entry)
+        return chosen
 
     def index(self, trials: Sequence[Trial]) -> None:
         """Add the controller's trials this queue was never told about (a scheduler unpickled by

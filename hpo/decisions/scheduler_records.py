@@ -44,15 +44,6 @@ class TrialStatus(StrEnum):
         """Takes no further part in any rung."""
         return not self.alive
 
-    @property
-    def out(self) -> bool:
-        """Stopped by a rung or diverged: ended by the scheduler whenever Ray would run it."""
-        return self.status in (TrialStatus.STOPPED, TrialStatus.DIVERGED)
-
-    @property
-    def halted(self) -> bool:
-        """Left the sweep without finishing (stopped, diverged or errored)."""
-        return self in _HALTED
 
 
 _ALIVE = frozenset({TrialStatus.PENDING, TrialStatus.RUNNING, TrialStatus.PAUSED})
@@ -104,14 +95,8 @@ def verdict(status: Any, stopped_at: Optional[float]) -> str:
     return str(status)
 
 
-#: Trial statuses as the scheduler sees them (the strings of :class:`TrialStatus`).
-TRIAL_STATUSES = tuple(TrialStatus)
 #: Statuses after which a trial takes no further part in any rung.
 TERMINAL_STATUSES = frozenset(s for s in TrialStatus if s.terminal)
-#: Terminal statuses of a trial that left the sweep without finishing.
-HALTED_STATUSES = _HALTED
-#: Decisions in the rung log (:class:`RungDecision`).
-DECISIONS = tuple(RungDecision)
 
 def _opt_float(value: Any) -> Optional[float]:
     if value is None:
@@ -343,7 +328,7 @@ class TrialRecord:
 
     @property
     def halted(self) -> bool:
-        """Stopped, diverged or errored (:attr:`TrialStatus.halted`)."""
+        """Stopped, diverged or errored."""
         return self.status in _HALTED
 
     def add_point(self, t: float, value: float, eps: float = 1e-9) -> bool:

@@ -19,27 +19,8 @@ writes: every (trial, t̂, loss) it takes is appended to ``scheduler_state.histo
 (:class:`HistoryLog`) and :meth:`SchedulerState.load` replays it, so persisting a decision
 costs the same at t̂ = 0.1 and at t̂ = 0.9, and does not grow with the curves.
 
-Schema (``version`` 2; version-1 files, with histories inline, still load)::
-
-    {
-      "version": 2, "experiment_id": "<hex>", "history_file": ".history.jsonl" | null,
-      "settings": {"metric", "mode", "time_attr", "rungs", "reduction_factor",
-                   "margin", "margin_z", "decision_mode", "min_points", "rule"},
-      "trials": {trial_id: {"trial_id", "order", "config", "controls", "history": [[t, loss], ...]
-                            (only when "history_file" is null), "status", "stopped_at",
-                            "would_stop_at", "diverged_at", "final_metric", "last_train_fraction",
-                            "n_params", "total_tokens", "latest_prediction": {"rung",
-                            "train_fraction", "final_loss", "uncertainty"} | null, "sweep_values"}},
-      "rungs": [{"index", "fraction", "decided", "decided_at", "n_participants", "n_keep",
-                 "margin", "margin_source", "kind", "order_weight", "kept_all", "survivors", "predicted_best",
-                 "current_best", "compute_fraction",
-                 "entries": {trial_id: {"trial_id", "train_fraction", "smoothed_loss",
-                                        "n_points", "predicted_final_loss", "uncertainty",
-                                        "decision", "reason", "late", "decided_at",
-                                        "compute_fraction"}}}],
-      "early_answer": {...} | null,
-      "updated_at": "<ISO 8601 UTC>"
-    }
+The schema (``version`` 2; version-1 files, with histories inline, still load) is in
+``docs/design.md`` ("scheduler_state.json").
 
 Trial ``status`` is a :class:`~hpo.decisions.scheduler_records.TrialStatus`, entry ``decision`` a
 :class:`~hpo.decisions.scheduler_records.RungDecision` (``hpo.decisions.scheduler_records`` holds the records).
@@ -59,7 +40,7 @@ from hpo.decisions import rules
 from hpo.decisions.scheduler_contract import flat
 
 from hpo.decisions.scheduler_records import (  # noqa: F401 - the records are re-exported: one import for readers
-    DECISIONS, HALTED_STATUSES, TERMINAL_STATUSES, TRIAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
+    TERMINAL_STATUSES, RungDecision, RungEntry, RungRecord, TrialRecord,
     TrialStatus, _as_is, _plain_json, _str_keys, verdict)
 from predictors.curves import T_HAT_EPS
 from predictors.io import atomic_write_text, finite_or_none, json_safe  # noqa: F401 - finite_or_none re-exported
@@ -328,7 +309,7 @@ class SchedulerState:
         st, recs = self.settings, list(self.trials.values())
         count = {s: sum(r.status == s for r in recs) for s in TrialStatus if s.terminal}
         margin = st.get("margin")
-        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', 1.0):g}"
+        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', rules.DEFAULT_MARGIN_Z):g}"
         lines = [f"Using CollapseScheduler ({st.get('decision_mode')}; {st.get('metric')} {st.get('mode')}; "
                  f"rf={st.get('reduction_factor', 0):g}; margin={margin_words}): "
                  f"{len(recs)} trials, {count['stopped']} stopped, {count['diverged']} diverged, "
@@ -394,6 +375,8 @@ class SchedulerState:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise StateFileError(f"{path}: cannot read scheduler state: {exc}") from exc
+        except UnicodeDecodeError:
+            raise StateFileError(f"{path}: not a scheduler state file (not UTF-8 text; a binary file?)") from None
         state = cls.from_json(text, source=str(path))
         if json.loads(text).get("history_file"):
             HistoryLog(history_path(path)).replay_into(state)

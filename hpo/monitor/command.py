@@ -21,7 +21,7 @@ import numpy as np
 from hpo.common.errors import InputError
 from predictors import Predictor
 from predictors.curves import Curve, controls_with_size
-from predictors.monitor import MonitorResult, NoiseBand, monitor_curve
+from predictors.monitor import MonitorResult, NoiseBand, monitor_curve, pair_changes, scaled_band
 from predictors.references import ReferenceCurves
 
 
@@ -38,20 +38,63 @@ def reference_for(curve: Curve, predictor: Predictor, references: Optional[Refer
     return (curve.t_hat, ell), why
 
 
-def monitor_runs(curves: Sequence[Curve], predictor: Predictor,
-                 references: Optional[ReferenceCurves] = None) -> list[tuple[Curve, Optional[MonitorResult], dict]]:
-    """Each run's residual and verdict, and its JSON row."""
-    band = predictor.monitor_band
+@dataclass(frozen=True)
+class ReferenceBands:
+    """The bands of reference mode (``hpo monitor --reference``): the variation the reference
+    itself brings, not the predictor's.
+
+    ``stored``: the predictor's reference-mode band (pairs of calibration runs of the same
+    controls and different seeds), or its predictor-mode band where it has none. ``measured``:
+    that band's shape rescaled to the spread of the user's own reference runs (every pair of
+    them with the same controls, N included, one judged against the other:
+    ``predictors.monitor.scaled_band``), or None when no two reference runs share controls.
+    A run whose controls ≥ 2 reference runs match is judged with ``measured``, others with
+    ``stored``."""
+
+    stored: NoiseBand
+    measured: Optional[NoiseBand]
+    references: ReferenceCurves
+
+    @classmethod
+    def of(cls, predictor: Predictor, runs: Sequence[Curve], references: ReferenceCurves) -> "ReferenceBands":
+        stored = predictor.monitor_band.for_reference
+        changes = pair_changes(runs, rule=stored.rule, window=stored.window)
+        measured = None
+        if changes.shape[0]:
+            measured = scaled_band(stored, changes, source=f"{changes.shape[0]} ordered pair(s) of the reference runs "
+                                                           f"(spread scaled onto: {stored.source or 'the stored band'})")
+        return cls(stored, measured, references)
+
+    def for_run(self, controls: Any) -> tuple[NoiseBand, str]:
+        """(band, in words) for a run with these controls."""
+        runs = sum(r.n_curves for r in self.references.curves if r.matches(controls))
+        if runs >= 2 and self.measured is not None:
+            return self.measured, f"the spread of the reference runs ({runs} of these controls)"
+        return self.stored, f"stored reference-mode band ({self.stored.source or 'uncalibrated'})"
+
+
+def monitor_runs(curves: Sequence[Curve], predictor: Predictor, references: Optional[ReferenceCurves] = None,
+                 bands: Optional[ReferenceBands] = None) -> list[tuple[Curve, Optional[MonitorResult], dict]]:
+    """Each run's residual and verdict, and its JSON row. With ``references`` each run is judged
+    with ``bands`` (reference mode; the stored reference-mode band where not given)."""
     out = []
     for curve in curves:
         controls = controls_with_size(curve)
         ref, words = reference_for(curve, predictor, references)
+        if references is None:
+            band, band_words = predictor.monitor_band, f"predictor mode ({predictor.monitor_band.source})"
+        elif bands is not None:
+            band, band_words = bands.for_run(controls)
+        else:
+            band = predictor.monitor_band.for_reference
+            band_words = f"stored reference-mode band ({band.source or 'uncalibrated'})"
         restarts = list(curve.meta.get("restarts") or [])
         row: dict[str, Any] = {"run_id": str(curve.meta.get("name", "")), "alarm": False,
                                "first_alarm_train_fraction": None, "status": "no reference",
                                "exceed_since_train_fraction": None, "direction": None,
                                "last_train_fraction": float(curve.t_hat[-1]), "last_residual": None,
-                               "aligned_final_loss": None, "reference": words, "restarts": restarts}
+                               "aligned_final_loss": None, "reference": words, "band": band_words,
+                               "restarts": restarts}
         result = None
         if ref is not None:
             try:
@@ -153,7 +196,7 @@ def _all_ended(imported: Any, tracking_uri: Optional[str]) -> bool:
 
 def follow(source: CurveSource, predictor: Predictor, references: Optional[ReferenceCurves], *,
            every: float, say: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
-           max_polls: Optional[int] = None) -> dict[str, dict]:
+           max_polls: Optional[int] = None, bands: Optional[ReferenceBands] = None) -> dict[str, dict]:
     """``hpo monitor --follow``: re-read the runs every ``every`` seconds until every run has
     ended, printing a run's line only when its status changes (new, aligning → ok → ALARM,
     ended). Returns the last row of each run."""
@@ -162,7 +205,7 @@ def follow(source: CurveSource, predictor: Predictor, references: Optional[Refer
     polls = 0
     while True:
         imported, ended = source.read()
-        for _, _, row in monitor_runs(imported.curves if imported is not None else [], predictor, references):
+        for _, _, row in monitor_runs(imported.curves if imported is not None else [], predictor, references, bands):
             rows[row["run_id"]] = row
             key = (row["status"], row["first_alarm_train_fraction"])
             if shown.get(row["run_id"]) != key:
@@ -188,9 +231,14 @@ def status_line(row: dict) -> str:
     return f"no reference ({row['reference']})"
 
 
-def plot_residuals(runs: Sequence[tuple[Curve, Optional[MonitorResult], dict]], band: NoiseBand,
-                   directory: Path) -> list[Path]:
-    """One PNG per run: r(t̂) in %, the band c ± z·σ, the alignment window, restarts and the alarm."""
+#: The band drawn around the change d is c ± this many σ (for the eye; the alarm is the GLR's).
+PLOT_SIGMAS = 3.0
+
+
+def plot_residuals(runs: Sequence[tuple[Curve, Optional[MonitorResult], dict]],
+                   band_for: Callable[[Curve], NoiseBand], directory: Path) -> list[Path]:
+    """One PNG per run: r(t̂) and its change d in %, the band c ± 3σ of d (``band_for(curve)``),
+    the alignment window, restarts and the alarm."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,14 +255,16 @@ def plot_residuals(runs: Sequence[tuple[Curve, Optional[MonitorResult], dict]], 
         if result is None or result.status == "aligning":
             continue
         ax.clear()
+        band = band_for(curve)
         after = grid[grid >= result.window[1]]
         center, scale = band.at(after)
-        z = band.rule.z
+        z = PLOT_SIGMAS
         ax.fill_between(100 * after, 100 * (center - z * scale), 100 * (center + z * scale), color="0.88",
-                        label=f"band c ± {z:g}σ ({band.n_curves} clean runs)")
+                        label=f"band of d: c ± {z:g}σ ({band.n_curves} clean runs or pairs)")
         ax.axvspan(100 * result.window[0], 100 * result.window[1], color="tab:blue", alpha=0.08,
                    label="alignment window")
-        ax.plot(100 * result.t_hat, 100 * result.residual, color="k", lw=1.0, label="residual r")
+        ax.plot(100 * result.t_hat, 100 * result.residual, color="0.55", lw=0.8, label="residual r")
+        ax.plot(100 * result.t_hat, 100 * result.change, color="k", lw=1.2, label="its change d after the window")
         for t in row["restarts"]:
             ax.axvline(100 * t, color="tab:green", ls=":", lw=1)
         if result.alarm:
@@ -222,13 +272,14 @@ def plot_residuals(runs: Sequence[tuple[Curve, Optional[MonitorResult], dict]], 
         ax.axhline(0.0, color="0.5", lw=0.5)
         ax.set_xlim(0, 100)
         # The warmup's residual (not judged) would squash the axis: scale to the judged part and the band.
-        seen = result.residual[result.t_hat >= result.window[0]]
+        seen = np.concatenate([result.residual[result.t_hat >= result.window[0]],
+                               result.change[np.isfinite(result.change)]])
         lo = min(float(np.min(seen)), float(np.min(center - z * scale)))
         hi = max(float(np.max(seen)), float(np.max(center + z * scale)))
         pad = 0.1 * (hi - lo) + 1e-4
         ax.set_ylim(100 * (lo - pad), 100 * (hi + pad))
         ax.set_xlabel("training fraction t̂ (%)")
-        ax.set_ylabel("r = L/(L̂(T)·ℓ_ref) − 1 (%)")
+        ax.set_ylabel("r = L/(L̂(T)·ℓ_ref) − 1, d (%)")
         ax.set_title(f"{row['run_id']}: {row['status']}", fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
         try:

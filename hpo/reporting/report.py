@@ -83,6 +83,18 @@ def _write_plots(analysis: Analysis, out: Path) -> None:
             report.notes.append(f"{path.name} could not be drawn: {exc}")
 
 
+def parent_table(report: Report) -> str:
+    """The rung table of report.md (markdown), for the MLflow parent run's description."""
+    return "\n".join(_rung_section(report, None)).strip()
+
+
+def pick_final_loss(report: Report) -> Optional[float]:
+    """The true final loss of the early answer's pick, once that trial finished (else None)."""
+    pick = (report.early_answer or {}).get("trial_id")
+    finals = [r["final_loss_of_pick"] for r in report.rows if r["trial_id"] == pick]
+    return next((float(f) for f in finals if finite_or_none(f) is not None), None)
+
+
 def _fmt(value: Any, spec: str = ".4f") -> str:
     v = finite_or_none(value)
     return "—" if v is None else format(v, spec)
@@ -201,6 +213,20 @@ def _early_answer_section(report: Report, analysis: Optional[Analysis]) -> list[
         lines.append(f"- Predicted final loss {_fmt(ea.get('predicted_final_loss'))}"
                      + (f" ± {unc:.4f}" if unc is not None else ""))
         lines.append(f"- Compute spent when announced: {_fmt_pct(ea.get('compute_fraction'))}")
+        # The numbers behind the terminal's short answer (hpo.decisions.early_answer) live here.
+        if ea.get("probability_best") is not None:
+            lines.append(f"- P(best) among the {ea.get('n_candidates')} trials ranked at the last rung, under the "
+                         f"order's measured ranking error: {100 * float(ea['probability_best']):.0f}%")
+        if ea.get("order"):
+            lines.append(f"- Order: {_md(str(ea['order']))}, blend weight {ea.get('order_weight')} "
+                         f"(1 = predicted finals, 0 = losses at the rung); kind of sweep {_md(str(ea.get('kind')))}")
+        if ea.get("margin_text"):
+            lines.append(f"- Keep-margin: {_md(str(ea['margin_text']))}")
+        if finite_or_none(ea.get("value_error")) is not None:
+            lines.append(f"- The predictor is calibrated for the order of the trials, not the value: the value is "
+                         f"uncertain by ~{100 * float(ea['value_error']):.1f}%")
+        if ea.get("kept_all"):
+            lines.append(f"- The margin exceeded the spread of the predictions: kept all {len(ea.get('kept') or [])} trials")
         revised = ea.get("revised")
         if isinstance(revised, dict):
             lines.append(f"- Revised at {revised.get('at')}: replaces trial {revised.get('from')} "

@@ -9,6 +9,7 @@ Ray and torch are imported inside the commands that need them, after validation.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from hpo.data import sweep_config_path
 from hpo.common.errors import InputError, input_error_behind
 from hpo.common.overrides import ConfigError, apply_overrides, check_safe_name, format_validation_error, read_yaml
+from hpo.common.paths import check_output_dir
 from hpo.tracking.uri import INVALID_HOST, host_rejected_message, strip_credentials
 
 
@@ -33,7 +35,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         config = TrainConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, args.config)) from None
-    output = Path(args.output or f"runs/train/{Path(args.config).stem}")
+    output = check_output_dir(args.output if args.output is not None else f"runs/train/{Path(args.config).stem}",
+                              "--output")
     try:
         summary = run_to_directory(config, output, progress=not args.quiet)
     except DataError as exc:  # raised while building the run, before anything is written
@@ -49,8 +52,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     if args.audit:
         overrides.append("scheduler.mode=audit")
-    if args.output:
-        overrides.append(f"output_dir={args.output}")
+    if args.output is not None:  # quoted: `--output ""` stays an empty path (refused), not null (the default)
+        overrides.append(f"output_dir={json.dumps(args.output)}")
     config = load_sweep_config(sweep_config_path(args.config), overrides=tuple(overrides))
     # run_sweep checks everything that can fail without writing (hpo.service.sweep.preflight_sweep)
     # before it imports Ray or MLflow or writes a file.
@@ -90,13 +93,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from hpo.calibration.calibrate import calibrate, calibrate_from_curves, user_curves_config
+    from hpo.calibration.calibrate import calibrate, calibrate_from_curves, preflight_outputs, user_curves_config
 
     overrides = tuple(args.set or [])
-    if args.output_dir:
-        overrides += (f"output_dir={args.output_dir}",)
-    if args.predictor_out:
-        overrides += (f"predictor_out={args.predictor_out}",)
+    if args.output_dir is not None:  # quoted, as for hpo sweep --output
+        overrides += (f"output_dir={json.dumps(args.output_dir)}",)
+    if args.predictor_out is not None:
+        overrides += (f"predictor_out={json.dumps(args.predictor_out)}",)
     if args.corpus is not None or args.budget is not None:
         return _calibrate_own_corpus(args, overrides)
     if args.config:
@@ -112,6 +115,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             check_safe_name(config.name)
         except ValueError as exc:
             raise ConfigError(f"name: {exc}") from None
+        preflight_outputs(config)  # before the curves are read and fitted (minutes for a large file)
         try:
             if args.from_curves:
                 imported = load_curves_file(args.from_curves, smoothing_fraction=args.smoothing_fraction)
@@ -158,8 +162,9 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
 
     from hpo.calibration.curve_import import CurveImportError, load_curves_file
     from hpo.data import default_predictor_path
-    from hpo.monitor.command import CurveSource, follow, monitor_runs, plot_residuals, status_line
+    from hpo.monitor.command import CurveSource, ReferenceBands, follow, monitor_runs, plot_residuals, status_line
     from predictors import Predictor
+    from predictors.curves import controls_with_size
     from predictors.references import ReferenceCurves
 
     started = time.perf_counter()
@@ -177,6 +182,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--predictor: {exc}") from None
     references = None
+    bands = None
     if args.reference:
         try:
             refs = load_curves_file(args.reference, smoothing_fraction=args.smoothing_fraction).curves
@@ -185,22 +191,27 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         references = ReferenceCurves.from_curves(refs, extrapolation="hold")
         if not references.curves:
             raise ConfigError(f"--reference {args.reference}: no reference curve reports n_params")
+        bands = ReferenceBands.of(predictor, refs, references)
     output = Path(args.output) if args.output else None
     if output is not None and output.exists() and not output.is_dir():
         raise ConfigError(f"--output: {output} exists and is not a directory")
     if args.follow:
         try:
-            follow(source, predictor, references, every=args.every)
+            follow(source, predictor, references, every=args.every, bands=bands)
         except KeyboardInterrupt:
             print("stopped following (Ctrl-C)")
         return 0
     imported, _ = source.read()
     if imported is None:
         raise ConfigError(f"--job {args.job}: no trial has logged {args.metric!r} yet (try --follow)")
-    runs = monitor_runs(imported.curves, predictor, references)
+    runs = monitor_runs(imported.curves, predictor, references, bands)
     rows = [row for _, _, row in runs]
-    plots = plot_residuals(runs, predictor.monitor_band, output) if output is not None else []
-    band = predictor.monitor_band
+
+    def band_for(curve: Any) -> Any:
+        return predictor.monitor_band if bands is None else bands.for_run(controls_with_size(curve))[0]
+
+    plots = plot_residuals(runs, band_for, output) if output is not None else []
+    band = predictor.monitor_band if bands is None else bands.stored
     if args.json:
         print(json.dumps({"runs": rows, "notes": imported.notes, "source": imported.source,
                           "band": {"n_curves": band.n_curves, "source": band.source, "rule": band.rule.to_dict()},
@@ -210,7 +221,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['run_id']:<{width}}  {status_line(row)}")
     print(f"{sum(r['alarm'] for r in rows)} alarm(s) in {len(rows)} run(s); band: {band.source} ({band.n_curves} "
-          f"runs), rule |r - c| > {band.rule.z:g}σ for ≥ {band.rule.span:g} of training; "
+          f"runs or pairs), rule: {band.rule.describe()}; "
           f"{time.perf_counter() - started:.1f} s")
     for note in imported.notes:
         print(f"  note: {note}")
@@ -358,10 +369,11 @@ def _calibrate_own_corpus(args: argparse.Namespace, overrides: tuple[str, ...]) 
     for item in overrides:
         if item.startswith("trainer.tokens_per_param="):
             tpp = float(item.split("=", 1)[1])
-    print(f"calibrate --corpus: measuring this machine's throughput on {args.corpus} ...", flush=True)
     from hpo.calibration.own_corpus import corpus_label
+    from hpo.common.paths import check_output_dir
 
-    out = Path(args.output_dir or f"runs/calibration/corpus_{corpus_label(args.corpus)}")
+    out = check_output_dir(args.output_dir or f"runs/calibration/corpus_{corpus_label(args.corpus)}", "--output-dir")
+    print(f"calibrate --corpus: measuring this machine's throughput on {args.corpus} ...", flush=True)
     config, chosen = corpus_config(args.corpus, budget, str(out), tokens_per_param=tpp,
                                    sweep_params=args.sweep_params or 100_672)
     out.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ import yaml
 
 from hpo.common.errors import InputError
 from hpo.tracking.cluster import Cluster, connect, job_info, tracking_client
-from hpo.tracking.uri import strip_credentials
+from hpo.tracking.uri import experiment_page, strip_credentials
 
 #: Folder inside the job's working_dir holding the submitted config (and predictor).
 JOB_FILES = ".hpo-job"
@@ -68,7 +68,7 @@ class Submission:
     def links(self) -> dict[str, str]:
         mlflow_ui = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else None
         return {"ray_dashboard": f"{self.dashboard}/#/jobs/{self.job_id}",
-                "mlflow_ui": (f"{mlflow_ui.rstrip('/')}/#/experiments/{self.experiment_id}" if mlflow_ui
+                "mlflow_ui": (experiment_page(mlflow_ui, self.experiment_id) if mlflow_ui
                               else f"mlflow ui --backend-store-uri {self.tracking_uri}")}
 
 

@@ -28,11 +28,12 @@ from typing import Any, Optional
 import yaml
 
 from hpo.common.output_lock import hold_folder
+from hpo.common.paths import check_output_dir
 from hpo.decisions.scheduler_records import TrialStatus
 from hpo.common.overrides import ConfigError, read_yaml
 from hpo.trials.sweep_config import SweepConfig, load_sweep_config
-from hpo.tracking.uri import (TrackingUriError, check_tracking_uri, is_relative_sqlite, strip_credentials,
-                              use_credentials)
+from hpo.tracking.uri import (LOCAL_UI, TrackingUriError, check_tracking_uri, experiment_page, is_relative_sqlite,
+                              strip_credentials, use_credentials)
 from predictors.io import atomic_write_bytes, atomic_write_text
 
 STATE_FILE = "scheduler_state.json"
@@ -174,16 +175,6 @@ def artifact_location(config: SweepConfig, output: Path) -> Optional[str]:
     return (output / "mlartifacts").as_uri()
 
 
-def _check_creatable(output: Path) -> None:
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"output_dir: {output} exists and is not a directory")
-    ancestor = output
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir: cannot create {output} ({ancestor} is not a writable directory)")
-
-
 def preflight_portable(config: SweepConfig) -> None:
     """The checks of :func:`preflight_sweep` that hold on any machine: the predictor file loads
     and the tracking URI works. ``hpo submit`` runs them (after the same ``load_sweep_config``)
@@ -196,8 +187,8 @@ def preflight_portable(config: SweepConfig) -> None:
 def preflight_sweep(config: SweepConfig) -> Path:
     """Every check of a new sweep that needs no write; returns the output directory."""
     preflight_portable(config)
+    check_output_dir(config.output_given(), "output_dir")  # empty, a dangling link, a file, not writable
     output = config.output_path()
-    _check_creatable(output)
     held = [m for m in SWEEP_MARKERS if (output / m).exists()]
     if held and not _started(config, output) and not _changed_fields(config, output):
         return output  # an earlier start of this very sweep failed before Ray saved anything: start again
@@ -339,10 +330,11 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
              created_in: Optional[Path] = None) -> dict[str, Any]:
     from ray import tune
     from ray.tune import ResumeConfig
+    from ray.tune.stopper import CombinedStopper
 
     from hpo.decisions.early_answer import EarlyAnswer
     from hpo.reporting.progress import RungAnnouncer, SlotUse, SweepProgress
-    from hpo.tracking.runs import JOB_TAG, MlflowSweepCallback, SweepTracker
+    from hpo.tracking.runs import JOB_TAG, MlflowResultLog, MlflowSweepCallback, SweepTracker
     from hpo.trials.trainable import short_trial_dirname
     from predictors import Predictor
 
@@ -365,7 +357,8 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     artifacts = artifact_location(config, output)
     tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
                            artifact_location=artifacts)
-    params = {"sweep": config.name, "scheduler_mode": config.scheduler.mode, "rungs": config.scheduler.rungs,
+    # Every scheduler setting is a param (two sweeps that differ only in margin_z differ in MLflow).
+    params = {"sweep": config.name, **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
               "search": config.search.model_dump(exclude_none=True),
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
@@ -384,10 +377,14 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         scheduler = build_scheduler(config, output, early, predictor, resume=restore, on_decision=announcer)
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
+            restore_early_answer(output, early, tracker)
         slot_use = SlotUse(_trial_slots(config))
         progress = SweepProgress(scheduler, announcer=announcer, slots=slot_use.slots)
-        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction)
-        monitor_cbs, stopper = _monitor(config, predictor, tracker)
+        result_log = MlflowResultLog(tracker)  # first of the stoppers: before the scheduler sees a result
+        mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction,
+                                        result_log=result_log)
+        monitor_cbs, monitor_stopper = _monitor(config, predictor, tracker)
+        stopper = CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log
         search_alg = _search_alg(config, scheduler, slot_use.slots)
         if restore:
             from hpo.trials.search import describe_restored_search
@@ -430,6 +427,32 @@ def _search_alg(config: SweepConfig, scheduler: Any, slots: int) -> Any:
     return build_search_alg(config.search, stopped_prediction(scheduler), max_concurrent)
 
 
+def restore_early_answer(output: Path, early: Any, tracker: Any) -> bool:
+    """On resume: the early answer the scheduler state holds, written again to
+    ``predicted_best.json`` and the MLflow parent run if either lacks it. The state is written
+    first; a driver killed before the file or the tags were written lost the answer from both
+    places the user reads it. True when it was rebuilt."""
+    from hpo.reporting.analysis import EARLY_ANSWER_FILE
+    from hpo.tracking.runs import EARLY_ANSWER_TAG
+
+    answer = _state(output).get("early_answer")
+    if not answer:
+        return False
+    try:
+        on_disk = json.loads((output / EARLY_ANSWER_FILE).read_text()) == answer
+    except (OSError, ValueError):
+        on_disk = False
+    try:
+        tags = tracker.client.get_run(tracker.parent_run_id()).data.tags
+        tagged = tags.get(EARLY_ANSWER_TAG) == "1" and tags.get("predicted_best.trial_id") == str(answer.get("trial_id"))
+    except Exception:  # noqa: BLE001 - an unreadable parent: publish again
+        tagged = False
+    if on_disk and tagged:
+        return False
+    early(answer)  # writes the file, prints the answer, publishes it on the parent run
+    return True
+
+
 def _monitor(config: SweepConfig, predictor: Any, tracker: Any) -> tuple[list, Any]:
     """The collapse-residual monitor's Ray Tune callback and stopper (none when it is off): its own
     callback and stopper, so the scheduler is not told."""
@@ -448,7 +471,7 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     from ray.tune import ResultGrid
 
     from hpo.decisions.scheduler_state import TERMINAL_STATUSES
-    from hpo.reporting.report import write_report
+    from hpo.reporting.report import parent_table, pick_final_loss, write_report
 
     errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
     # The scheduler writes its state throttled, forcing it only when no trial is alive; a
@@ -468,6 +491,9 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
                                 "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
         except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
             pass
+    with contextlib.suppress(Exception):  # the answer and the rung table on the parent run's page
+        tracker.describe_sweep(report.early_answer, parent_table(report), report.compute_fraction,
+                               pick_final_loss(report))
     tracker.log_parent_artifacts([output / "report", output / STATE_FILE,
                                   output / "predicted_best.json", output / CONFIG_FILE])
     diverged = diverged_trials(state)
@@ -481,8 +507,8 @@ def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> d
     """Where the sweep's MLflow records are and how to browse them (credentials stripped):
     what ``mlflow ui`` and ``hpo calibrate --from-mlflow`` need."""
     uri = strip_credentials(tracking_uri)
-    browse = (f"mlflow ui --backend-store-uri {uri}" if not uri.startswith(("http://", "https://"))
-              else f"open {uri}")
+    browse = (f"mlflow ui --backend-store-uri {uri}, then open {experiment_page(LOCAL_UI, experiment_id)}"
+              if not uri.startswith(("http://", "https://")) else f"open {experiment_page(uri, experiment_id)}")
     return {"tracking_uri": uri, "experiment": experiment, "experiment_id": experiment_id,
             "text": f"MLflow: {uri}, experiment '{experiment}' (id {experiment_id}); browse: {browse}; "
                     f"reuse these curves: hpo calibrate --from-mlflow {experiment_id} --tracking-uri {uri}"}

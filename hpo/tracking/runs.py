@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Optional
 from ray import tune
 
 from hpo.common.errors import InputError
+from hpo.decisions.early_answer import config_words, early_answer_text, order_line
 from hpo.decisions.scheduler_records import TERMINAL_STATUSES, TrialStatus
 from hpo.tracking.uri import sqlite_path, strip_credentials
 from predictors import run_keys
@@ -64,6 +65,18 @@ STOP_TAG = "collapse_hpo.stopped"
 PUBLISHED_DIR = "collapse_hpo"
 EARLY_ANSWER_ARTIFACT = f"{PUBLISHED_DIR}/early_answer.json"
 PROGRESS_ARTIFACT = f"{PUBLISHED_DIR}/progress.json"
+#: The experiment tag MLflow 3's UI reads to tell model training from GenAI work: a sweep is
+#: model training. (MLflow 3.17's UI, with its GenAI / Model training switch, goes by the URL
+#: instead: ``hpo.tracking.uri.experiment_page`` is the link every message prints.)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: The run description the MLflow UI shows on a run's page and in its runs table.
+NOTE_TAG = "mlflow.note.content"
+#: Parent-run metrics: what the sweep answered, at a glance in the runs table.
+COMPUTE_METRIC = "compute_used"
+PICK_PREDICTED_METRIC = "pick_predicted_final_loss"
+PICK_FINAL_METRIC = "pick_final_loss"
+P_BEST_METRIC = "pick_probability_best"
 
 
 #: The ids this package puts into MLflow search filters (Ray job, trial and MLflow run ids).
@@ -145,6 +158,7 @@ class SweepTracker:
         self._ids: dict[str, Any] = {"parent": None, "trials": {}}
         self._experiment_id: Optional[str] = None
         self._reopened: set[str] = set()  # child runs set RUNNING again in this driver run
+        self._created: set[str] = set()  # child runs created by this driver run (no history before it)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -167,9 +181,14 @@ class SweepTracker:
     def experiment_id(self) -> str:
         if self._experiment_id is None:
             existing = self.client.get_experiment_by_name(self.experiment)
-            self._experiment_id = (existing.experiment_id if existing is not None else
-                                   self.client.create_experiment(self.experiment,
-                                                                 artifact_location=self.artifact_location))
+            if existing is None:
+                self._experiment_id = self.client.create_experiment(
+                    self.experiment, artifact_location=self.artifact_location,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            else:
+                self._experiment_id = existing.experiment_id
+                if EXPERIMENT_KIND_TAG not in (existing.tags or {}):  # made before, or by someone else
+                    self.client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return self._experiment_id
 
     # ------------------------------------------------------------------ parent
@@ -251,6 +270,7 @@ class SweepTracker:
         whole answer as ``collapse_hpo/early_answer.json``, its main fields as tags."""
         parent = self.parent_run_id()
         self.client.log_text(parent, dumps(answer, indent=1), EARLY_ANSWER_ARTIFACT)
+        self.describe_sweep(answer)
         self.tag_parent({
             "predicted_best.trial_id": answer.get("trial_id"),
             "predicted_best.config": answer.get("config"),
@@ -259,11 +279,34 @@ class SweepTracker:
             "predicted_best.probability_best": answer.get("probability_best"),
             "predicted_best.rung": answer.get("rung"),
             "predicted_best.compute_fraction": answer.get("compute_fraction"),
-            "predicted_best.margin": answer.get("margin_text") or answer.get("margin"),
+            # The same short form the terminal prints (the margin's evidence is in report.md).
+            "predicted_best.order": order_line(answer) or "",
+            "predicted_best.answer": early_answer_text(answer),
             "predicted_best.kept": answer.get("kept"),
             # After the artifact: its presence tells a client that the artifact is complete.
             EARLY_ANSWER_TAG: "1",
         })
+
+    def describe_sweep(self, answer: Optional[dict[str, Any]], table_markdown: str = "",
+                       compute_used: Optional[float] = None, pick_final: Optional[float] = None) -> None:
+        """What the sweep answered, where the MLflow UI shows it first: the parent run's
+        description (the early answer, then the report's rung table, in markdown) and its
+        metrics (compute used, the pick's predicted final, P(best), and its true final once known)."""
+        from mlflow.entities import Metric, RunTag
+
+        parts = ["**Early answer**", "", "```", early_answer_text(answer), "```"] if answer else \
+            ["No early answer (no rung was decided with a prediction)."]
+        if table_markdown:
+            parts += ["", table_markdown]
+        now = int(time.time() * 1000)
+        values = {COMPUTE_METRIC: compute_used if compute_used is not None else (answer or {}).get("compute_fraction"),
+                  PICK_PREDICTED_METRIC: (answer or {}).get("predicted_final_loss"),
+                  P_BEST_METRIC: (answer or {}).get("probability_best"), PICK_FINAL_METRIC: pick_final}
+        metrics = [Metric(k, float(v), now, 0) for k, v in values.items()
+                   if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        # MLflow caps a tag value at 8,000 characters: a very long table is cut, report.md has it whole.
+        self.client.log_batch(self.parent_run_id(), metrics=metrics,
+                              tags=[RunTag(NOTE_TAG, "\n".join(parts)[:8000])])
 
     def finish_parent(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.parent_run_id(), status=status)
@@ -290,6 +333,7 @@ class SweepTracker:
                       "status": str(TrialStatus.RUNNING)},
             )
             run_id = run.info.run_id
+            self._created.add(run_id)
         if self._ids["trials"].get(trial_id) != run_id:
             self._ids["trials"][trial_id] = run_id
             self._save_ids()
@@ -303,6 +347,13 @@ class SweepTracker:
             if self.client.get_run(run_id).info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
         return run_id
+
+    def last_logged_step(self, run_id: str, metric: str = "loss") -> int:
+        """The highest step of ``metric`` in a child run's history (-1: none); no request for
+        a run this driver created."""
+        if run_id in self._created:
+            return -1
+        return max((m.step for m in self.client.get_metric_history(run_id, metric)), default=-1)
 
     def close_child(self, trial_id: str, verdict: str, status: str = "FINISHED") -> None:
         run_id = self.child_run_id(trial_id, trial_id)
@@ -392,9 +443,61 @@ def record_stop(client: Any, parent_run_id: str, stop: dict[str, Any]) -> int:
     return ended + 1
 
 
+def child_run_name(trial: Any) -> str:
+    """A trial's run name in the MLflow UI: its config as the sweep searched it (``lr=0.005``),
+    or Ray's trial name when it has no searched values."""
+    config = {k: v for k, v in (getattr(trial, "config", None) or {}).items()
+              if not str(k).startswith("_") and isinstance(v, (int, float, str))}
+    return config_words(config) or str(trial)
+
+
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     return text[:6000]
+
+
+class MlflowResultLog(tune.Stopper):
+    """Each trial's step metrics into its MLflow run, *before* the scheduler sees the result.
+
+    Ray Tune hands a result to the stopper first, then to the scheduler (which persists its
+    decision, and the early answer, in ``scheduler_state.json``), then to the callbacks. Logged
+    from a callback, a driver killed between the scheduler's write and the callback lost the
+    result that decided the rung from the trial's metric history (2 of 3 kills). Logged here, a
+    result the scheduler has taken is in MLflow; a result logged but not taken is trained and
+    reported again after ``hpo resume`` and is then skipped by its step (as is every interval a
+    trial trains twice from an older checkpoint): each step reaches the history exactly once.
+    Stops nothing (it is a stopper only for where Ray calls it)."""
+
+    def __init__(self, tracker: SweepTracker) -> None:
+        self.tracker = tracker
+        self.names: dict[str, str] = {}  # trial id → its run name (child_run_name), from on_trial_start
+        self._last_step: dict[str, int] = {}  # trial id → highest step in its run's history
+        self.logged: dict[str, int] = {}  # trial id → the step this driver logged last (for the callback)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        from mlflow.entities import Metric
+
+        if result.get("replayed"):
+            return False  # the last result of a trial that had finished before a resume: logged then
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        run_id = self.tracker.reopen_child(trial_id, self.names.get(trial_id, trial_id))
+        last = self._last_step.get(trial_id)
+        if last is None:
+            last = self._last_step[trial_id] = self.tracker.last_logged_step(run_id)
+        if step <= last:
+            return False  # already in the history (a step trained again after a kill)
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(result[key]), now, step) for key in STEP_METRICS
+                   if isinstance(result.get(key), (int, float)) and not isinstance(result.get(key), bool)
+                   and math.isfinite(float(result[key]))]
+        if metrics:
+            self.tracker.client.log_batch(run_id, metrics=metrics)
+        self._last_step[trial_id] = step
+        self.logged[trial_id] = step
+        return False
+
+    def stop_all(self) -> bool:
+        return False
 
 
 class MlflowSweepCallback(tune.Callback):
@@ -408,16 +511,24 @@ class MlflowSweepCallback(tune.Callback):
     """
 
     def __init__(self, tracker: SweepTracker, trial_status: Callable[[str], str],
-                 predicted_final: Callable[[str], Optional[float]] = lambda _: None) -> None:
+                 predicted_final: Callable[[str], Optional[float]] = lambda _: None,
+                 result_log: Optional[MlflowResultLog] = None) -> None:
         self.tracker = tracker
         self.trial_status = trial_status
         self.predicted_final = predicted_final
+        # With a result log (the sweep's stopper), the reported metrics are logged there, before
+        # the scheduler; this callback adds only the prediction the scheduler made from them.
+        self.result_log = result_log
         self._params_logged: set[str] = set()
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.result_log is not None:
+            self.result_log.names[trial.trial_id] = child_run_name(trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         from mlflow.entities import Metric, Param
 
-        run_id = self.tracker.reopen_child(trial.trial_id, str(trial))
+        run_id = self.tracker.reopen_child(trial.trial_id, child_run_name(trial))
         client = self.tracker.client
         if trial.trial_id not in self._params_logged:
             params = [Param(k, _param_value(result[k])) for k in TRIAL_PARAMS if k in result]
@@ -439,6 +550,10 @@ class MlflowSweepCallback(tune.Callback):
         predicted = self.predicted_final(trial.trial_id)
         if predicted is not None:
             values["predicted_final_loss"] = predicted
+        if self.result_log is not None:
+            if self.result_log.logged.get(trial.trial_id) == step and predicted is not None:
+                client.log_batch(run_id, metrics=[Metric("predicted_final_loss", float(predicted), now, step)])
+            return
         metrics = []
         for key in STEP_METRICS:
             value = values.get(key)
@@ -456,7 +571,7 @@ class MlflowSweepCallback(tune.Callback):
             # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.
             from mlflow.entities import Metric
 
-            run_id = self.tracker.child_run_id(trial.trial_id, str(trial))
+            run_id = self.tracker.child_run_id(trial.trial_id, child_run_name(trial))
             self.tracker.client.log_batch(run_id, metrics=[
                 Metric("final_loss", float(final), int(time.time() * 1000), int(last.get("step", 0)))])
         self.tracker.close_child(trial.trial_id, status, "FAILED" if failed else "FINISHED")

@@ -46,6 +46,17 @@ class TrackingUriError(InputError):
     """The tracking URI cannot be used; the message names the field and the (stripped) URI."""
 
 
+#: ``mlflow ui``'s own address when started without ``--host``/``--port``.
+LOCAL_UI = "http://127.0.0.1:5000"
+
+
+def experiment_page(ui: str, experiment_id: object) -> str:
+    """The MLflow UI's page of an experiment, on its runs table: MLflow 3's UI opens an
+    experiment on its GenAI pages (traces, latency) unless the URL asks for model training
+    (``workflowType=machine_learning``; its sidebar switch remembers the choice per browser)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def strip_credentials(text: str) -> str:
     """``text`` with the user part of every URI in it removed:
     ``http://user:secret@host:5000/x`` → ``http://host:5000/x``. Works on a bare URI and on
@@ -133,6 +144,32 @@ def check_tracking_uri(uri: str, field: str = "mlflow.tracking_uri", *, must_exi
         _check_local(local, field, shown, what="store", must_exist=must_exist, directory=True)
     elif scheme in ("http", "https"):
         _check_http(uri, field, shown, timeout_s)
+    elif base in ("postgresql", "mysql", "mssql"):
+        check_database_driver(uri, field, shown)
+
+
+#: What to install for a database tracking store whose Python driver (module) is missing.
+DRIVER_INSTALL = {"psycopg": 'pip install "collapse-hpo[postgres]"',
+                  "psycopg2": 'pip install psycopg2-binary (or pip install "collapse-hpo[postgres]" and a '
+                              'postgresql+psycopg:// URI)',
+                  "pymysql": 'pip install "collapse-hpo[mysql]"',
+                  "MySQLdb": 'pip install "collapse-hpo[mysql]" and use a mysql+pymysql:// URI (or pip install '
+                             'mysqlclient)'}
+
+
+def check_database_driver(uri: str, field: str, shown: str) -> None:
+    """Refuse a database URI whose SQLAlchemy driver is not installed, saying what to install
+    (MLflow would fail with ``ModuleNotFoundError`` once the sweep had started). Imports the
+    driver, not the database: the server itself is reached only when MLflow opens it."""
+    try:
+        from sqlalchemy.engine.url import make_url
+
+        make_url(uri).get_dialect().import_dbapi()
+    except ModuleNotFoundError as exc:
+        how = DRIVER_INSTALL.get(exc.name or "", f"pip install {exc.name}")
+        raise TrackingUriError(f"{field}: {shown}: the database driver {exc.name!r} is not installed; {how}") from None
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's own refusal of the URI (unknown driver, bad syntax)
+        raise TrackingUriError(f"{field}: {shown}: not a usable database URI ({' '.join(str(exc).split())})") from None
 
 
 #: Tables every MLflow SQLite store has (MLflow creates ~70 in any database it opens).
@@ -176,6 +213,13 @@ def _check_local(path: Path, field: str, shown: str, *, what: str, must_exist: b
     if not path.parent.is_dir():
         raise TrackingUriError(f"{field}: {shown}: directory {path.parent} does not exist "
                                "(create it first; it is not created for you)")
+    if what == "database" and not must_exist:  # a store the command will write
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise TrackingUriError(f"{field}: {shown}: the database {path} is read-only (not writable); "
+                                   "give a writable one")
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise TrackingUriError(f"{field}: {shown}: directory {path.parent} is not writable (SQLite writes its "
+                                   "journal beside the database); give a database in a writable folder")
 
 
 def _check_http(uri: str, field: str, shown: str, timeout_s: float) -> None:

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hpo.common.overrides import (
     ConfigError,
@@ -26,10 +26,13 @@ from hpo.common.overrides import (
     format_validation_error,
     read_yaml,
 )
-from hpo.decisions.rules import DEFAULT_MARGIN_Z
+from hpo.decisions.rules import DEFAULT_MARGIN_Z, DEFAULT_RUNGS
+from hpo.decisions.scheduler_contract import check_rungs
 from predictors.equations import power_lines_tau
-from trainers.config import TrainConfig
+from trainers.config import TrainConfig, refuse_bool_number
 
+#: MLflow's longest experiment name (its server refuses longer ones with an MlflowException).
+MAX_EXPERIMENT_NAME = 500
 SEARCHABLE = ("lr", "batch_size", "weight_decay", "tau", "seed")
 #: Searched keys whose values must be whole numbers (a seed of 0.5 is not a seed).
 INTEGER_KEYS = ("batch_size", "seed")
@@ -58,6 +61,11 @@ def merge_trial(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, An
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse_bool_number(cls, value, info)
 
 
 class Dimension(_Strict):
@@ -90,7 +98,7 @@ class SchedulerSettings(_Strict):
     """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
 
     mode: Literal["sync", "async", "audit"] = "sync"
-    rungs: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3])
+    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # hpo.decisions.rules
     reduction_factor: float = 2.0
     # "calibrated" (default): keep every trial whose predicted log-final is within margin_z
     # times the predictor's ranking scale (for this kind of sweep, at the rung) of the
@@ -110,13 +118,12 @@ class SchedulerSettings(_Strict):
     @field_validator("rungs")
     @classmethod
     def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
-        if not rungs:
-            raise ValueError("list at least one decision fraction")
-        if any(not (0.0 < r < 1.0) for r in rungs):
-            raise ValueError("every rung must lie in (0, 1)")
-        if sorted(set(rungs)) != list(rungs):
-            raise ValueError("rungs must be strictly increasing")
-        return rungs
+        # The scheduler's own check (one home): the message without its "rungs: " prefix,
+        # which the field name already gives.
+        try:
+            return check_rungs(rungs)
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("rungs: ")) from None
 
     @field_validator("reduction_factor")
     @classmethod
@@ -209,6 +216,9 @@ class MlflowSettings(_Strict):
     def _experiment_named(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("must not be empty")
+        if len(value) > MAX_EXPERIMENT_NAME:  # MLflow refuses it once the sweep has started writing
+            raise ValueError(f"{len(value):,} characters; MLflow takes experiment names of at most "
+                             f"{MAX_EXPERIMENT_NAME}")
         return value
 
 
@@ -235,7 +245,7 @@ class SweepConfig(_Strict):
     name: str = "sweep"
     output_dir: Optional[str] = None  # default: runs/<name>
     trainer: dict[str, Any] = Field(default_factory=dict)
-    search_space: dict[str, Dimension] = Field(default_factory=dict)
+    search_space: dict[str, Dimension] = Field(default_factory=dict, validate_default=True)
     num_samples: int = 1
     search: SearchSettings = Field(default_factory=SearchSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
@@ -245,6 +255,13 @@ class SweepConfig(_Strict):
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
     limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_named(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.strip():  # "" would silently mean runs/<name>
+            raise ValueError("empty path; name a folder, or leave output_dir out for runs/<name>")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -256,6 +273,8 @@ class SweepConfig(_Strict):
     @field_validator("search_space")
     @classmethod
     def _known_keys(cls, space: dict[str, Dimension]) -> dict[str, Dimension]:
+        if not space:  # nothing searched: one trial of the base config, no sweep at all
+            raise ValueError(f"empty; search at least one of {list(SEARCHABLE)} (e.g. lr: {{grid: [0.005, 0.01]}})")
         unknown = sorted(set(space) - set(SEARCHABLE))
         if unknown:
             raise ValueError(f"cannot search {unknown}; searchable keys are {list(SEARCHABLE)}")
@@ -293,8 +312,12 @@ class SweepConfig(_Strict):
 
     # -- derived ---------------------------------------------------------------------
 
+    def output_given(self) -> str:
+        """The output folder as configured (``runs/<name>`` by default), before resolving links."""
+        return self.output_dir or f"runs/{self.name}"
+
     def output_path(self) -> Path:
-        return Path(self.output_dir or f"runs/{self.name}").resolve()
+        return Path(self.output_given()).resolve()
 
     def predictor_path(self) -> Path:
         from hpo.data import default_predictor_path
