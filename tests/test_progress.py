@@ -29,3 +29,21 @@ def test_announcer_prints_the_decision_when_called(capsys):
     printed = capsys.readouterr().out
     assert "rung t̂=0.2 decided: kept 2 of 4\n  predicted best a, current best b" in printed
     assert announcer.announced == {0.2}
+
+
+def test_progress_line_shows_the_slots_busy(capsys):
+    # A trial the scheduler stops frees its slot: the line counts RUNNING trials, not the one
+    # Ray is completing (it is still RUNNING when the callback runs).
+    from types import SimpleNamespace
+
+    from hpo.reporting.progress import SweepProgress
+
+    summary = {"trials": {"a": {"status": "running"}, "b": {"status": "stopped"}, "c": {"status": "running"}},
+               "compute_fraction": 0.25, "rung_status": []}
+    progress = SweepProgress(SimpleNamespace(summary=lambda: summary), slots=2)
+    a, b, c = (SimpleNamespace(status="RUNNING") for _ in range(3))
+    progress.on_trial_complete(0, [a, b, c], b)
+    assert "[progress] 3 trials, 2 in the race, 2/2 slots busy, compute 25%" in capsys.readouterr().out
+    c.status = "PENDING"
+    progress.on_trial_complete(0, [a, b, c], b)
+    assert "1/2 slots busy" in capsys.readouterr().out

@@ -111,8 +111,12 @@ class SweepProgress(tune.Callback):
     """Tune callback that shows the scheduler's view of the sweep while it runs."""
 
     def __init__(self, scheduler: Any, log_interval_s: float = 30.0,
-                 announcer: Optional[RungAnnouncer] = None) -> None:
+                 announcer: Optional[RungAnnouncer] = None, slots: Optional[int] = None) -> None:
         self.scheduler = scheduler
+        # The cluster's trial slots; the line then says how many are busy (trials RUNNING), so
+        # a user sees that the slots a rung frees are taken by the next trials at once.
+        self.slots = slots
+        self._busy = 0
         self.log_interval_s = log_interval_s
         # Rungs the scheduler's on_decision callback already printed (sync/audit, as decided);
         # this callback prints the others (async rungs, rungs decided before a resume).
@@ -157,14 +161,24 @@ class SweepProgress(tune.Callback):
             trials = summary.get("trials", {})
             running = sum(1 for t in trials.values() if TrialStatus(t["status"]).alive)
             best = summary.get("predicted_best") or {}
-            console.print(f"[progress] {len(trials)} trials, {running} in the race, compute "
+            busy = f", {self._busy}/{self.slots} slots busy" if self.slots else ""
+            console.print(f"[progress] {len(trials)} trials, {running} in the race{busy}, compute "
                           f"{100 * (summary.get('compute_fraction') or 0):.0f}%, predicted best "
                           f"{best.get('trial_id', '–')}", markup=False, highlight=False)
 
+    def _count_busy(self, trials: list, ending: Any = None) -> None:
+        # Ray calls on_trial_complete before it marks the trial TERMINATED: it is no longer busy.
+        self._busy = sum(1 for t in trials if t.status == "RUNNING" and t is not ending)
+
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self._count_busy(trials)
         self._update()
 
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._count_busy(trials)
+
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._count_busy(trials, ending=trial)
         self._update(force=True)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:

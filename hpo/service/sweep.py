@@ -359,6 +359,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
                            artifact_location=artifacts)
     # Every scheduler setting is a param (two sweeps that differ only in margin_z differ in MLflow).
     params = {"sweep": config.name, **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
+              "search": config.search.model_dump(exclude_none=True),
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
         job_id = os.environ.get(JOB_ID_ENV)
@@ -377,22 +378,24 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         if restore:
             tracker.close_finished(_state(output).get("trials", {}), verdict_from_state)
             restore_early_answer(output, early, tracker)
-        progress = SweepProgress(scheduler, announcer=announcer)
         slot_use = SlotUse(_trial_slots(config))
+        progress = SweepProgress(scheduler, announcer=announcer, slots=slot_use.slots)
         result_log = MlflowResultLog(tracker)  # first of the stoppers: before the scheduler sees a result
         mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction,
                                         result_log=result_log)
         monitor_cbs, monitor_stopper = _monitor(config, predictor, tracker)
         stopper = CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log
-        # In sync mode, paused trials count as live for max_concurrent_trials, which would
-        # starve the rung of trials; concurrency then comes from per-trial resources alone.
-        max_concurrent = config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None
+        search_alg = _search_alg(config, scheduler, slot_use.slots)
+        if restore:
+            from hpo.trials.search import describe_restored_search
+
+            print(describe_restored_search(config.search, output / "ray" / config.name, config.num_samples), flush=True)
         analysis = tune.run(
             _trainable(config),
             name=config.name, storage_path=str(output / "ray"),
             metric=config.scheduler.metric, mode="min",
             config=_search_space(config), num_samples=config.num_samples,
-            scheduler=scheduler, max_concurrent_trials=max_concurrent,
+            scheduler=scheduler, search_alg=search_alg,  # the search algorithm holds the concurrency limit
             trial_dirname_creator=short_trial_dirname, reuse_actors=True, verbose=0,
             callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs], stop=stopper,
             # No checkpoint at end: the trainable writes its own final checkpoint before its
@@ -405,6 +408,23 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         )
         outcome = _close(output, analysis, scheduler, tracker, predictor)
     return {"output": str(output), **outcome, "slot_use": slot_use.utilisation(), "mlflow": mlflow_where}
+
+
+def _search_alg(config: SweepConfig, scheduler: Any, slots: int) -> Any:
+    """The sweep's search algorithm (``hpo.trials.search``), holding the concurrency limit.
+
+    In sync mode Ray counts PAUSED trials as live, so a limit would leave only that many trials
+    at the first rung: concurrency then comes from per-trial resources alone, unless the user
+    set ``search.max_concurrent``. A model-based searcher without one is limited to the
+    cluster's trial slots, so that each trial is suggested when a slot frees (after the
+    results before it), not all ``num_samples`` up front."""
+    from hpo.trials.search import build_search_alg, stopped_prediction
+
+    max_concurrent = config.search.max_concurrent or (
+        config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None)
+    if config.search.algorithm == "optuna" and max_concurrent is None:
+        max_concurrent = slots
+    return build_search_alg(config.search, stopped_prediction(scheduler), max_concurrent)
 
 
 def restore_early_answer(output: Path, early: Any, tracker: Any) -> bool:
@@ -454,6 +474,9 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     from hpo.reporting.report import parent_table, pick_final_loss, write_report
 
     errors = [strip_credentials(str(e)) for e in ResultGrid(analysis).errors]
+    # The scheduler writes its state throttled, forcing it only when no trial is alive; a
+    # searcher that adds trials one by one can finish a trial after that last forced write.
+    scheduler.flush()
     report = write_report(output, predictor=predictor)
     with contextlib.suppress(Exception):  # the final counts for `hpo status`; never lose the report
         tracker.publish_progress(scheduler.progress(), scheduler.compute_fraction())

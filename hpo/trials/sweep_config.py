@@ -149,6 +149,32 @@ class SchedulerSettings(_Strict):
         return value
 
 
+class SearchSettings(_Strict):
+    """How the sweep picks its trial configurations (``hpo.trials.search``).
+
+    ``random`` (default): Ray Tune's variant generator: every grid point, ``choice`` and
+    ``loguniform`` values drawn at random, ``num_samples`` times. ``optuna``: Optuna's TPE
+    through Ray Tune's searcher API, ``num_samples`` trials in all, each suggested from what
+    the finished and stopped trials taught (a stopped trial counts with its predicted final
+    loss). ``seed``: repeatable draws (both algorithms). ``max_concurrent``: at most that many
+    trials alive at once (paused ones count); with ``optuna`` fewer alive trials means more
+    feedback before each suggestion, and unset it is the cluster's trial slots (a trial is
+    suggested when a slot frees, not all up front). ``n_startup_trials`` (``optuna`` only):
+    the trials drawn at random before TPE models the rest (Optuna's default, 10, when unset).
+    """
+
+    algorithm: Literal["random", "optuna"] = "random"
+    seed: Optional[int] = None
+    max_concurrent: Optional[int] = Field(None, ge=1)
+    n_startup_trials: Optional[int] = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _startup_needs_optuna(self) -> "SearchSettings":
+        if self.n_startup_trials is not None and self.algorithm != "optuna":
+            raise ValueError("n_startup_trials: only with algorithm: optuna (random draws every trial)")
+        return self
+
+
 class Resources(_Strict):
     cpu: float = 1.0
     gpu: float = 0.0
@@ -221,6 +247,7 @@ class SweepConfig(_Strict):
     trainer: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, Dimension] = Field(default_factory=dict, validate_default=True)
     num_samples: int = 1
+    search: SearchSettings = Field(default_factory=SearchSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     predictor: Optional[str] = None  # default: the shipped predictor (hpo.data.DEFAULT_PREDICTOR)
     resources: Resources = Field(default_factory=Resources)
@@ -270,6 +297,18 @@ class SweepConfig(_Strict):
         if value < 1:
             raise ValueError("must be >= 1")
         return value
+
+    @model_validator(mode="after")
+    def _search_fits_space(self) -> "SweepConfig":
+        if self.search.algorithm == "optuna":
+            grids = [k for k, d in self.search_space.items() if d.grid is not None]
+            if grids:
+                # A model-based searcher samples; an enumerated grid leaves it nothing to choose.
+                raise ValueError(f"search.algorithm: optuna samples each dimension; give {grids[0]} as "
+                                 "choice (or loguniform) instead of grid, or use algorithm: random")
+            if not self.search_space:
+                raise ValueError("search.algorithm: optuna needs a search_space to search")
+        return self
 
     # -- derived ---------------------------------------------------------------------
 

@@ -1,0 +1,190 @@
+"""The sweep's searcher: Optuna's TPE told the predicted final loss of every trial the scheduler
+stopped (not the loss at the stop), end to end through Ray Tune."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import pytest
+
+from hpo.decisions.scheduler_records import TrialRecord, TrialStatus
+from hpo.trials.search import PredictedFinalSearcher, build_search_alg, stopped_prediction
+from hpo.trials.sweep_config import SearchSettings, load_sweep_config
+from sweep_fixtures import tiny_sweep
+
+
+class _Recorder:
+    """A stand-in searcher that records what it is told."""
+
+    metric = "loss"
+
+    def __init__(self) -> None:
+        self.completed: dict[str, Any] = {}
+
+    def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
+        self.completed[trial_id] = (result, error)
+
+
+def _scheduler(**records: TrialRecord) -> Any:
+    return SimpleNamespace(state=SimpleNamespace(trials=records))
+
+
+def test_a_stopped_trial_reaches_the_searcher_with_its_predicted_final() -> None:
+    stopped = TrialRecord("a", status=TrialStatus.STOPPED, stopped_at=0.2,
+                          latest_prediction={"rung": 0.2, "final_loss": 3.1, "uncertainty": 0.05})
+    paused_stop = TrialRecord("b", status=TrialStatus.STOPPED, stopped_at=0.2,
+                              latest_prediction={"rung": 0.2, "final_loss": 3.4, "uncertainty": 0.05})
+    finished = TrialRecord("c", status=TrialStatus.COMPLETED, final_metric=2.9,
+                           latest_prediction={"rung": 0.4, "final_loss": 2.8, "uncertainty": 0.05})
+    inner = _Recorder()
+    searcher = PredictedFinalSearcher(inner, stopped_prediction(_scheduler(a=stopped, b=paused_stop, c=finished)),
+                                      metric="loss")
+    searcher.on_trial_complete("a", {"loss": 4.0, "train_fraction": 0.2})  # RUNNING, stopped on its result
+    searcher.on_trial_complete("b")  # PAUSED at a sync rung: Ray passes no result at all
+    searcher.on_trial_complete("c", {"loss": 2.9})
+    assert inner.completed["a"] == ({"loss": 3.1, "train_fraction": 0.2}, False)
+    assert inner.completed["b"] == ({"loss": 3.4}, False)
+    assert inner.completed["c"] == ({"loss": 2.9}, False)  # a finished trial keeps its own final
+    assert searcher.replaced == {"a": (4.0, 3.1), "b": (None, 3.4)}
+
+
+def test_an_errored_trial_is_passed_on_as_an_error() -> None:
+    rec = TrialRecord("a", status=TrialStatus.STOPPED, latest_prediction={"final_loss": 3.1})
+    inner = _Recorder()
+    PredictedFinalSearcher(inner, stopped_prediction(_scheduler(a=rec)), "loss").on_trial_complete("a", error=True)
+    assert inner.completed["a"] == (None, True)
+
+
+def test_random_search_stays_the_default_and_grid_spaces_keep_working(tmp_path: Path) -> None:
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    config = load_sweep_config(data=tiny_sweep(tmp_path))
+    assert config.search == SearchSettings()
+    assert isinstance(build_search_alg(config.search, lambda _: None), BasicVariantGenerator)
+
+
+def test_the_packaged_search_sweep_searches_lr_and_batch_at_fixed_tau() -> None:
+    from hpo.data import packaged_sweep
+
+    config = load_sweep_config(packaged_sweep("search"))
+    assert config.search.algorithm == "optuna" and set(config.search_space) == {"lr", "batch_size"}
+    assert "tau" in config.trainer and "weight_decay" not in config.trainer  # λ derived per trial
+
+
+@pytest.fixture(scope="module")
+def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four trials suggested by TPE two at a time (sync rungs at 0.2 and 0.4, margin 0): each
+    pair's first rung stops one trial, so the later suggestions follow predicted finals."""
+    import ray
+
+    from hpo.service.sweep import run_sweep
+
+    output = tmp_path_factory.mktemp("search") / "out"
+    data = tiny_sweep(output)
+    data.update(search_space={"lr": {"loguniform": [0.0025, 0.16]}}, num_samples=4,
+                search={"algorithm": "optuna", "seed": 0, "max_concurrent": 2})
+    try:
+        outcome = run_sweep(load_sweep_config(data=data))
+    finally:
+        ray.shutdown()
+    assert outcome["errors"] == []
+    return output
+
+
+def _study(output: Path) -> tuple[Any, dict[str, Any]]:
+    """Optuna's study and Ray trial id -> Optuna trial, from the searcher state Ray saved."""
+    # One file per driver session (a resume adds one): the newest is the searcher's state.
+    path = max((output / "ray" / "tiny").glob("searcher-state-*.pkl"), key=lambda p: p.stat().st_mtime)
+    state = pickle.loads(path.read_bytes())
+    return state["_ot_study"], state["_ot_trials"]
+
+
+def test_an_optuna_sweep_tells_tpe_the_predicted_finals_of_its_stopped_trials(optuna_sweep: Path) -> None:
+    from hpo.decisions.scheduler_state import SchedulerState
+
+    trials = SchedulerState.load(optuna_sweep / "scheduler_state.json").trials
+    assert len(trials) == 4
+    stopped = {tid: t for tid, t in trials.items() if t.status == TrialStatus.STOPPED}
+    completed = {tid: t for tid, t in trials.items() if t.status == TrialStatus.COMPLETED}
+    assert stopped and completed and len(stopped) + len(completed) == 4
+    study, ot_trials = _study(optuna_sweep)
+    told = {tid: study.trials[ot.number] for tid, ot in ot_trials.items()}
+    assert set(told) == set(trials)
+    for tid, rec in stopped.items():
+        assert told[tid].state.name == "COMPLETE"
+        assert told[tid].value == pytest.approx(rec.latest_prediction["final_loss"])
+        assert told[tid].value != pytest.approx(rec.history[-1][1])  # not the loss at the stop
+    for tid, rec in completed.items():
+        assert told[tid].value == pytest.approx(rec.final_metric)
+    # Every trial ran the config Optuna suggested for it.
+    for tid, rec in trials.items():
+        assert rec.config["lr"] == pytest.approx(told[tid].params["lr"])
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _told(output: Path) -> list[Any]:
+    """The trials Optuna has been told (finished) in the searcher state Ray saved, if any."""
+    try:
+        study, _ = _study(output)
+    except (ValueError, OSError, EOFError, pickle.UnpicklingError, KeyError):
+        return []  # not saved yet, or being replaced as we read
+    return [t for t in study.trials if t.state.is_finished()]
+
+
+def test_a_resumed_search_sweep_restores_tpe_and_repeats_no_finished_configuration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Kill the driver once TPE has been told a trial, resume: the searcher comes back from the
+    state Ray saved (a fresh one, seeded the same, would suggest the same first learning rates
+    again), every trial is accounted for, and no finished configuration runs twice."""
+    import ray
+    import yaml
+
+    from hpo.decisions.scheduler_state import SchedulerState
+    from hpo.service.sweep import resume_sweep
+
+    output = tmp_path / "out"
+    data = tiny_sweep(output, mode="async")
+    data.update(search_space={"lr": {"loguniform": [0.0025, 0.16]}}, num_samples=4,
+                search={"algorithm": "optuna", "seed": 0, "max_concurrent": 2})
+    config_path = tmp_path / "s.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    driver = subprocess.Popen([sys.executable, "-m", "hpo.service.cli", "sweep", str(config_path)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not _told(output):
+            assert driver.poll() is None, "sweep ended before the searcher was told a trial"
+            assert time.time() < deadline, "no trial told to the searcher in time"
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    told_before = {t.params["lr"] for t in _told(output)}
+    before = SchedulerState.load(output / "scheduler_state.json").trials
+    ended_before = {tid: rec.config["lr"] for tid, rec in before.items() if not rec.alive}
+    assert len(before) < 4  # the kill came before the searcher had suggested every trial
+
+    try:
+        outcome = resume_sweep(output)
+    finally:
+        ray.shutdown()
+    assert outcome["errors"] == [] and not outcome["interrupted"]
+    printed = capsys.readouterr().out
+    assert "search: Optuna TPE restored from the state saved with the experiment (not rebuilt)" in printed
+    after = SchedulerState.load(output / "scheduler_state.json").trials
+    assert len(after) == 4 and all(not rec.alive for rec in after.values())  # none lost, num_samples in all
+    assert set(ended_before) <= set(after)  # the trials ended before the kill kept, not run again
+    new = [rec.config["lr"] for tid, rec in after.items() if tid not in before]
+    assert new and not any(lr == pytest.approx(old) for lr in new for old in told_before | set(ended_before.values()))
