@@ -186,3 +186,21 @@ def test_resume_rebuilds_the_early_answer_file_and_tags_from_the_state(tmp_path:
     (output / "predicted_best.json").unlink()
     assert restore_early_answer(output, early, tracker) is False  # no answer yet: none invented
     assert not (output / "predicted_best.json").exists()
+
+
+# Asserts: the sweep's stopper, pickled into Ray's experiment state, comes back on resume as the
+# resuming driver's live stopper, never the old driver's (whose result log holds the old
+# folder's MLflow store: a resumed copy of a sweep logged into the original).
+def test_live_stopper_unpickles_as_the_live_one() -> None:
+    import pickle
+
+    from ray.tune.stopper import NoopStopper
+
+    from hpo.tracking.runs import LiveStopper
+
+    old = LiveStopper(NoopStopper())
+    saved = pickle.dumps(old)
+    new = LiveStopper(NoopStopper())  # the resuming driver builds its own
+    assert pickle.loads(saved) is new
+    LiveStopper.live = None
+    assert isinstance(pickle.loads(saved), NoopStopper)

@@ -334,7 +334,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
 
     from hpo.decisions.early_answer import EarlyAnswer
     from hpo.reporting.progress import RungAnnouncer, SlotUse, SweepProgress
-    from hpo.tracking.runs import JOB_TAG, MlflowResultLog, MlflowSweepCallback, SweepTracker
+    from hpo.tracking.runs import JOB_TAG, LiveStopper, MlflowResultLog, MlflowSweepCallback, SweepTracker
     from hpo.trials.trainable import short_trial_dirname
     from predictors import Predictor
 
@@ -384,7 +384,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction,
                                         result_log=result_log)
         monitor_cbs, monitor_stopper = _monitor(config, predictor, tracker)
-        stopper = CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log
+        stopper = LiveStopper(CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log)
         search_alg = _search_alg(config, scheduler, slot_use.slots)
         if restore:
             from hpo.trials.search import describe_restored_search

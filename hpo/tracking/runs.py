@@ -456,6 +456,36 @@ def _param_value(value: Any) -> str:
     return text[:6000]
 
 
+class LiveStopper(tune.Stopper):
+    """The stoppers this driver built, as Ray Tune's ``stop``. Ray pickles its stopper into the
+    experiment state, and a resumed run restores that copy over the one passed to ``tune.run``
+    (``TuneController.__setstate__``): the old driver's result log, holding the old folder's
+    MLflow store, would then log a resumed *copy* of a sweep into the original. Pickled, this
+    stopper is only a reference to the live one of whichever process unpickles it."""
+
+    live: Optional["LiveStopper"] = None
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        LiveStopper.live = self
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return bool(self.inner(trial_id, result))
+
+    def stop_all(self) -> bool:
+        return bool(self.inner.stop_all())
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_live_stopper, ())
+
+
+def _live_stopper() -> Any:
+    """What an unpickled :class:`LiveStopper` becomes: this process's live one (none: stop nothing)."""
+    from ray.tune.stopper import NoopStopper
+
+    return LiveStopper.live if LiveStopper.live is not None else NoopStopper()
+
+
 class MlflowResultLog(tune.Stopper):
     """Each trial's step metrics into its MLflow run, *before* the scheduler sees the result.
 
