@@ -12,13 +12,12 @@ Example:
 
 from __future__ import annotations
 
-from hpo.decisions import rules
-from hpo.decisions.keep.evidence import KeepRule, RungEvidence
+from hpo.decisions.keep.current_best import CurrentBestRule
 
 
-class AshaRule(KeepRule):
+class AshaRule(CurrentBestRule):
+    """Current-best's ranking, without its single pick at the last rung."""
+
     name = "asha"
-
-    def decide(self, ev: RungEvidence) -> rules.KeepDecision:
-        return rules.keep_rule(ev.candidates, last=False, reduction_factor=ev.reduction_factor, margin=0.0,
-                               margin_words="ASHA: the top 1/rf by the loss at the rung", weight=0.0)
+    one_at_last = False
+    words = "ASHA: the top 1/rf by the loss at the rung"

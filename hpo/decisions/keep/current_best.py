@@ -19,7 +19,10 @@ from hpo.decisions.keep.evidence import KeepRule, RungEvidence
 
 class CurrentBestRule(KeepRule):
     name = "current-best"
+    #: Whether the last rung keeps only the lowest loss (ASHA's rule keeps ⌈n/rf⌉ there too).
+    one_at_last = True
+    words = "current-best: the lowest losses at the rung"
 
     def decide(self, ev: RungEvidence) -> rules.KeepDecision:
-        return rules.keep_rule(ev.candidates, last=ev.last, reduction_factor=ev.reduction_factor, margin=0.0,
-                               margin_words="current-best: the lowest losses at the rung", weight=0.0)
+        return rules.keep_rule(ev.candidates, last=ev.last and self.one_at_last, reduction_factor=ev.reduction_factor,
+                               margin=0.0, margin_words=self.words, weight=0.0)
