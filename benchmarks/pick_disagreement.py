@@ -1,11 +1,11 @@
 """Where predicted-best and current-best pick different trials, and which finished better.
 
-For every B-at-fixed-λ sweep (η 0.01, 5-6 batch sizes, one λ) of the decision banks on three
-corpora, at t̂ = 0.1, 0.2 and 0.3: the trial with the lowest predicted final loss (the shipped
+For every B-at-fixed-λ sweep of the decision banks on three corpora (as
+``hpo.calibration.ranking_error.ranking_groups`` finds them, with at least MIN_TRIALS trials), at t̂ = 0.1, 0.2 and 0.3: the trial with the lowest predicted final loss (the shipped
 predictor, predicted finals alone) against the trial with the lowest loss so far, and both
 trials' true finals. This is what a small packaged "crossing" sweep would show a user.
 
-    python benchmarks/pick_disagreement.py        # ~1 min; prints a markdown table
+    python benchmarks/pick_disagreement.py [MIN_TRIALS]   # ~1 min; sweeps of >= MIN_TRIALS (5)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpo.calibration.calibrate import bank_curves, load_bank  # noqa: E402
+from hpo.calibration.ranking_error import ranking_groups  # noqa: E402
 from hpo.data import default_predictor_path  # noqa: E402
 from hpo.decisions import rules  # noqa: E402
 from predictors import Predictor  # noqa: E402
@@ -26,21 +27,16 @@ REPO = Path(__file__).resolve().parents[1]
 BANKS = ("decisions", "decisions_perl", "decisions_cheaders")
 
 
-def main() -> None:
+def main(min_trials: int = 5) -> None:
     predictor = Predictor.load(default_predictor_path())
     rows, looks, differ, better = [], 0, 0, 0
     for bank in BANKS:
         curves = bank_curves(load_bank(REPO / f"configs/calibration/{bank}_bank.parquet"))
-        # The B-at-fixed-λ sweep: at η 0.01, the λ shared by the most batch sizes.
-        at_eta = [c for c in curves if abs(c.meta["eta"] - 0.01) < 1e-9]
-        lam = max({round(c.meta["weight_decay"], 6) for c in at_eta},
-                  key=lambda v: len({c.meta["batch_size"] for c in at_eta if round(c.meta["weight_decay"], 6) == v}))
-        print(f"{bank}: λ {lam:g}", file=sys.stderr)
-        by_seed: dict[int, list] = {}
-        for c in curves:
-            if c in at_eta and round(c.meta["weight_decay"], 6) == lam:
-                by_seed.setdefault(int(c.meta["seed"]), []).append(c)
-        for seed, sweep in sorted(by_seed.items()):
+        # The bank's B-at-fixed-λ sweeps as calibration groups them, those of ≥ MIN_TRIALS trials
+        # (the designed 5-trial sweeps; smaller groups are pairs that happen to share a λ).
+        for group in (g for g in ranking_groups(curves).get("batch_fixed_lambda", []) if len(g) >= min_trials):
+            sweep = [curves[i] for i in group]
+            seed = int(sweep[0].meta["seed"])
             finals = [c.final_loss for c in sweep]
             for s in (0.1, 0.2, 0.3):
                 at = [rules.predict_at_rung(predictor, c.t_hat, c.loss, c.controls, s) for c in sweep]
@@ -60,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
