@@ -207,7 +207,8 @@ def render(loco: dict[str, dict[str, Any]], predictor_path: str, shipped: Option
     lines += ["", held, "", "## Equal-quality compute", "",
               "The least mean compute at which a method's best setting is safe (within σ_seed on ≥ 90%, true best "
               "kept on ≥ 95% of replicates), per bank and kind; — = no setting is. Each bank replayed with the "
-              "predictor held out from its corpus.", "", eq, "", "## Every setting", ""]
+              "predictor held out from its corpus. The last column is the shipped default, chosen on all corpora "
+              "these banks included: in-sample, not a held-out figure (those are in the table above).", "", eq, "", "## Every setting", ""]
     for b in eq_banks:
         lines += every_setting(b)
     return "\n".join(lines)
