@@ -37,6 +37,19 @@ class RungJudge:
     def __post_init__(self) -> None:
         if self.rule is None:
             self.rule = CollapseRule(self.margin_z)
+        # Trial id → its prediction at half the first rung's t̂ (the "previous look" there): made
+        # once per trial, not once per arrival judged against it (async judged every recorded
+        # trial again at each arrival). Rebuilt on demand after a restore.
+        self._half_first: dict[str, Optional[rules.Candidate]] = {}
+
+    def _half_first_rung(self, rec: TrialRecord) -> Optional[rules.Candidate]:
+        """The trial's prediction at half the first rung's t̂, from its own history (None: none)."""
+        if rec.trial_id not in self._half_first:
+            t, y = zip(*rec.history)
+            half = rules.predict_at_rung(self.predictor, t, y, rec.controls, self.rungs[0] / 2, self.min_points)
+            self._half_first[rec.trial_id] = (rules.Candidate(rec.trial_id, half.final_loss, half.loss)
+                                              if half.final_loss else None)
+        return self._half_first[rec.trial_id]
 
     def settings(self) -> dict[str, Any]:
         """These settings as the state file records them (in its order)."""
@@ -87,21 +100,21 @@ class RungJudge:
                                     completed=rec.status == TrialStatus.COMPLETED)
 
     def evidence(self, r: int, entries: Sequence[RungEntry], trials: Mapping[str, TrialRecord],
-                 previous: Optional[RungRecord]) -> RungEvidence:
+                 previous: Optional[RungRecord], margin: Optional[rules.Margin] = None) -> RungEvidence:
         """What the rule is shown at rung ``r`` (``hpo.decisions.keep.RungEvidence``): each trial's
         prediction, where it stood at the previous rung (at the first: its prediction at half
-        the rung's t̂, from its own history), its fit to the shape and history; the calibrated
-        order and tolerance of the sweep's kind."""
-        m = self.margin_for(r, [trials[e.trial_id] for e in entries if e.trial_id in trials])
+        the rung's t̂, from its own history; only for a rule that reads the sweep), its fit to
+        the shape and history; the calibrated order and tolerance of the sweep's kind
+        (``margin``: that of these trials, when the caller has it)."""
+        m = margin or self.margin_for(r, [trials[e.trial_id] for e in entries if e.trial_id in trials])
+        reads_sweep = self.rule.reads_previous_look
         out = []
         for e in entries:
             rec = trials.get(e.trial_id)
             before = previous.entries.get(e.trial_id) if previous is not None else None
             prior = before.candidate() if before is not None else None
-            if prior is None and previous is None and rec is not None and rec.history:
-                t, y = zip(*rec.history)
-                half = rules.predict_at_rung(self.predictor, t, y, rec.controls, self.rungs[r] / 2, self.min_points)
-                prior = rules.Candidate(e.trial_id, half.final_loss, half.loss) if half.final_loss else None
+            if prior is None and previous is None and reads_sweep and rec is not None and rec.history:
+                prior = self._half_first_rung(rec)
             history = tuple(p for p in (rec.history if rec is not None else ()) if p[0] <= e.train_fraction + 1e-12)
             out.append(TrialEvidence(e.candidate(), prior, e.residual, history))
         return RungEvidence.of(m, self.rungs[r], last=self.is_last(r), reduction_factor=self.reduction_factor,
@@ -114,12 +127,12 @@ class RungJudge:
         there (``KeepRule.judge_arrival``), written into its entry and the rung; True if kept."""
         r = rung.index
         recorded = [e for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
-        ev = self.evidence(r, [*recorded, entry], trials, previous)
+        m = self.margin_for(r, [trials[e.trial_id] for e in (*recorded, entry) if e.trial_id in trials])
+        ev = self.evidence(r, [*recorded, entry], trials, previous, margin=m)
         keep, reason = self.rule.judge_arrival(ev, rec.trial_id)
         entry.decision = self.verdict(r, keep, rec)
         entry.reason = ("late arrival: " if self.decision_mode != "async" else "") + reason
         entry.late, entry.decided_at, entry.compute_fraction = True, now, compute
-        m = self.margin_for(r, [trials[e.trial_id] for e in (*recorded, entry) if e.trial_id in trials])
         rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
                                                                          m.kind, m.weight)
         if keep and rec.trial_id not in rung.survivors:

@@ -47,6 +47,10 @@ class CollapseRule(KeepRule):
             raise ValueError(f"margin_z: must be a finite number >= 0, got {z!r}")
         self.z, self.read_sweep = float(z), bool(read_sweep)
 
+    @property
+    def reads_previous_look(self) -> bool:  # type: ignore[override]
+        return self.read_sweep
+
     def settings(self) -> dict[str, object]:
         return {"rule": self.name, "margin_z": self.z, "read_sweep": self.read_sweep}
 

@@ -95,6 +95,9 @@ class KeepRule:
     (``hpo.decisions.keep``); each states its rule in its docstring with a runnable example."""
 
     name = "rule"
+    #: Whether :meth:`decide` reads where the trials stood at the previous look
+    #: (``TrialEvidence.previous``); the scheduler predicts that look only for a rule that does.
+    reads_previous_look = False
 
     def decide(self, evidence: RungEvidence) -> rules.KeepDecision:  # pragma: no cover - the interface
         raise NotImplementedError
