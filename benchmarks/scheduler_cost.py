@@ -18,7 +18,7 @@ between rungs. Issue 30: at 10,000 trials each rung round < 2 s, the whole simul
 
 Run::
 
-    python benchmarks/scheduler_cost.py [--trials 10 100 1000 10000] [--md benchmarks/scheduler_cost.md]
+    python benchmarks/scheduler_cost.py [--trials 10 100 1000 10000] [--mode sync|async] [--md FILE]
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ def curves(n: int, predictor: Predictor, seed: int = 0) -> dict[str, list[dict]]
     return out
 
 
-def measure(n: int, predictor: Predictor) -> dict[str, float]:
+def measure(n: int, predictor: Predictor, decision_mode: str = "sync") -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         scheduler = CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=RUNGS,
-                                      state_path=Path(tmp) / "scheduler_state.json")
+                                      decision_mode=decision_mode, state_path=Path(tmp) / "scheduler_state.json")
         between: list[float] = []
         rounds = [0.0] * len(RUNGS)
         plain = scheduler.on_trial_result
@@ -102,11 +102,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--predictor", default=str(default_predictor_path()),
                    help="predictor JSON (default: the shipped one)")
     p.add_argument("--md", default=None, help="also write the table to this markdown file")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync",
+                   help="decision mode (async: every arrival judged against the recorded predictions)")
     args = p.parse_args(argv)
     predictor = Predictor.load(args.predictor)
     rows = []
     for n in args.trials:
-        m = measure(n, predictor)
+        m = measure(n, predictor, args.mode)
         rows.append([n, f"{m['between_median_us']:.1f}", f"{m['between_p99_us']:.1f}",
                      " / ".join(f"{r:.3f}" for r in m["round_s"]), f"{m['total_s']:.2f}", f"{m['state_kb']:.0f}",
                      f"{m['peak_mb']:.0f}"])
