@@ -38,6 +38,7 @@ from predictors.ranking import Order, Position, RankingError
 from predictors.monitor import UNCALIBRATED_BAND, NoiseBand
 from predictors.predictor_file import SCHEMA, SCHEMA_VERSION, from_document, to_document
 from predictors.references import ReferenceCurves
+from predictors.run_keys import DEFAULT_METRIC
 from predictors.surrogate import SurrogateParams
 
 # The distribution whose version the provenance records, and the version recorded when it is
@@ -342,6 +343,13 @@ class Predictor:
         """The ranking scale σ of :meth:`ranking_order` (0 when unknown), and its source."""
         order = self.ranking_order(stop_fraction, kind, controls)
         return (order.scale or 0.0), order.words
+
+    @property
+    def metric(self) -> str:
+        """The loss the predictor was fitted on (``predictors.run_keys.METRIC_COLUMNS``):
+        ``provenance["metric"]`` as ``hpo calibrate`` records it; a file without it was fitted
+        on the smoothed training loss (``"loss"``)."""
+        return str(self.provenance.get("metric") or DEFAULT_METRIC)
 
     @property
     def seed_noise(self) -> Optional[float]:

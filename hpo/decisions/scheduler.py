@@ -367,7 +367,7 @@ class CollapseScheduler(FIFOScheduler):
             self._state.rungs[r], trials, margin_for=lambda ids: self._judge.margin_for(
                 r, [trials[t] for t in ids if t in trials]), margin_text=self.margin_text(r),
             predictor=self._judge.predictor, decision_mode=self._decision_mode,
-            compute_fraction=self.compute_fraction(), decided_at=utc_now())
+            compute_fraction=self.compute_fraction(), decided_at=utc_now(), metric=str(self._metric))
 
     def _announce_early_answer(self) -> None:
         """Write the state holding the new early answer, then hand it to ``on_early_answer``."""

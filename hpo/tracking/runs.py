@@ -538,12 +538,16 @@ class MlflowSweepCallback(tune.Callback):
         trial_status: maps a trial id to its verdict (``completed``,
             ``stopped_at_<fraction>``, ``diverged``), normally the scheduler's view.
         predicted_final: maps a trial id to its latest predicted final loss, or None.
+        metric: the sweep's ``scheduler.metric``; the ``final_loss`` logged at the end is its
+            last value (the smoothed training loss, or the validation loss).
     """
 
     def __init__(self, tracker: SweepTracker, trial_status: Callable[[str], str],
                  predicted_final: Callable[[str], Optional[float]] = lambda _: None,
-                 result_log: Optional[MlflowResultLog] = None) -> None:
+                 result_log: Optional[MlflowResultLog] = None, metric: str = "loss") -> None:
         self.tracker = tracker
+        # The sweep's scheduler.metric: its curve's last point is the trial's final_loss.
+        self.final_column = run_keys.METRIC_COLUMNS.get(metric, "smoothed_loss")
         self.trial_status = trial_status
         self.predicted_final = predicted_final
         # With a result log (the sweep's stopper), the reported metrics are logged there, before
@@ -595,7 +599,7 @@ class MlflowSweepCallback(tune.Callback):
     def _close(self, trial: Any, failed: bool) -> None:
         status = TrialStatus.ERROR if failed else self.trial_status(trial.trial_id)
         last = getattr(trial, "last_result", None) or {}
-        final = last.get("smoothed_loss")
+        final = last.get(self.final_column)
         if (status == TrialStatus.COMPLETED and isinstance(final, (int, float)) and math.isfinite(float(final))
                 and float(last.get("train_fraction", 0.0)) >= 1.0 - 1e-9):
             # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.
