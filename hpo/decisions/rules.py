@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
+from scipy import special
 
 from predictors import run_keys
 from predictors.controls import Controls
@@ -502,33 +503,49 @@ def keep_rule(
 # ---------------------------------------------------------------------- probability
 
 
-def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float], draws: int = 20_000) -> list[float]:
+def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float]) -> list[float]:
     """P(trial i has the lowest true final) when trial i's log-final is N(μ_i, σ_i²),
     independent across trials (σ_i = ranking scale/√2, so that a pair's difference has the
-    ranking scale). Estimated from ``draws`` seeded draws (±0.4% at 50%), so it is cheap at
-    1,000 trials and the same number on every run.
+    ranking scale): P_i = ∫ Π_{j≠i} P(X_j > x) dF_i(x), by quadrature on a grid of
+    ``PROBABILITY_GRID`` bins spanning where the lowest value can fall (F_i's mass per bin
+    times the others' survival at its middle: within 2e-5 of a 8,192-bin grid at 1,250 trials,
+    where 20,000 draws were within ±0.4%). Deterministic, and linear in the trials (a
+    draw-based estimate cost about a second at the last rung of a 10,000-trial sweep).
 
     Example:
         >>> [round(float(p), 2) for p in probability_best([0.0, 0.0], [0.01, 0.01])]
         [0.5, 0.5]
+        >>> round(probability_best([0.0, 0.02], [0.01 / 2 ** 0.5] * 2)[0], 3)  # Φ(2)
+        0.977
     """
     mu_all = np.asarray(log_means, dtype=np.float64)
     sd_all = np.maximum(np.asarray(log_sigmas, dtype=np.float64), 1e-9)
     if mu_all.size <= 1:
         return [1.0] * mu_all.size
-    # A trial more than 10 of the largest σ above the best never wins a draw: leave it out.
+    # A trial more than 10 of the largest σ above the best never is the lowest: leave it out.
     contenders = np.flatnonzero(mu_all - mu_all.min() <= 10.0 * sd_all.max())
     mu, sd = mu_all[contenders], sd_all[contenders]
-    rng = np.random.default_rng(0)
-    wins = np.zeros(mu.size)
-    chunk = max(1, 2_000_000 // mu.size)
-    for start in range(0, draws, chunk):
-        k = min(chunk, draws - start)
-        sample = mu[None, :] + sd[None, :] * rng.standard_normal((k, mu.size))
-        wins += np.bincount(np.argmin(sample, axis=1), minlength=mu.size)
+    # The lowest value lies above min(μ − 8σ) and below min(μ + 8σ) but with odds ~1e-15.
+    edges = np.linspace(float(np.min(mu - 8.0 * sd)), float(np.min(mu + 8.0 * sd)), PROBABILITY_GRID + 1)
+    middles = 0.5 * (edges[1:] + edges[:-1])
+    chunk = max(1, 2_000_000 // PROBABILITY_GRID)
+    parts = [slice(i, i + chunk) for i in range(0, mu.size, chunk)]
+
+    def log_survival(part: slice) -> np.ndarray:  # log P(X_j > middle), trials × bins
+        return special.log_ndtr(-(middles[None, :] - mu[part, None]) / sd[part, None])
+
+    everyone = sum(log_survival(part).sum(axis=0) for part in parts)  # Σ_j log P(X_j > x)
+    p = np.empty(mu.size)
+    for part in parts:
+        mass = np.diff(special.ndtr((edges[None, :] - mu[part, None]) / sd[part, None]), axis=1)
+        p[part] = np.sum(mass * np.exp(everyone[None, :] - log_survival(part)), axis=1)
     out = np.zeros(mu_all.size)
-    out[contenders] = wins / draws
-    return [float(p) for p in out]
+    out[contenders] = p / p.sum()
+    return [float(v) for v in out]
+
+
+#: Bins of the quadrature in :func:`probability_best`.
+PROBABILITY_GRID = 512
 
 
 # ---------------------------------------------------------------------- compute
