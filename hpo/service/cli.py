@@ -89,6 +89,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"{directory}: not a sweep output directory (no scheduler_state.json)")
     report = write_report(directory)
     print_report(report)
+    from hpo.service.sweep import upload_pending
+
+    sent = upload_pending(directory.resolve())  # what the sweep could not send to its server
+    if sent:
+        print(sent)
     return 0
 
 
