@@ -135,3 +135,32 @@ def test_hpo_report_sends_what_waited(tmp_path: Path) -> None:
     line = upload_pending(out)
     assert line and "1 records" in line and not (out / PENDING_FILE).exists()
     assert MlflowClient(tracker.tracking_uri).get_run(tracker.parent_run_id()).data.tags["late"] == "yes"
+
+
+@pytest.mark.slow
+def test_a_real_server_stopped_and_restarted_gets_every_write_once(tmp_path: Path) -> None:
+    # `mlflow server` stopped under a tracker and started again on the same store and port (the
+    # sweep-level case, with Ray and the trials, is benchmarks/reliability.py's "Cluster faults").
+    from cluster_fixtures import MlflowServer
+
+    server = MlflowServer(tmp_path / "server").start()
+    try:
+        tracker = SweepTracker(server.uri, "e", tmp_path / "out", "sweep")
+        tracker.start({"a": 1})
+        log = MlflowResultLog(tracker)
+        log("t1", {"step": 0, "loss": 3.0})
+        server.stop()
+        began = time.perf_counter()
+        log("t1", {"step": 1, "loss": 2.5})
+        log("t2", {"step": 0, "loss": 2.9})
+        tracker.close_child("t1", "completed")
+        assert time.perf_counter() - began < 30  # MLflow alone retries for about four minutes
+        server = MlflowServer(tmp_path / "server", port=server.port).start()
+        assert tracker.upload_pending() == 0
+        client = MlflowClient(server.uri)
+        runs = client.search_runs([tracker.experiment_id()])
+        children = {r.data.tags["trial_id"]: r.info.run_id for r in runs if "mlflow.parentRunId" in r.data.tags}
+        assert len(runs) == 3 and _history(client, children["t1"]) == [(0, 3.0), (1, 2.5)]
+        assert _history(client, children["t2"]) == [(0, 2.9)]
+    finally:
+        server.stop()

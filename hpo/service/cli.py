@@ -466,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--address", help="Ray cluster address")
     resume.set_defaults(func=_cmd_resume)
 
-    report = sub.add_parser("report", help="write and print the report of a sweep")
+    report = sub.add_parser("report", help="write and print the report of a sweep (and send MLflow records "
+                            "its tracking server was away for)")
     report.add_argument("output_dir", help="a sweep's output directory (holds scheduler_state.json)")
     report.set_defaults(func=_cmd_report)
     _add_monitor_parser(sub)

@@ -525,6 +525,7 @@ def upload_pending(output: Path) -> Optional[str]:
 
     if not (output / PENDING_FILE).exists():
         return None
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line, not one per run ended
     raw = read_yaml(str(output / CONFIG_FILE))
     raw.update(output_dir=str(output), predictor=str(output / PREDICTOR_FILE))
     config = load_sweep_config(data=raw, source=str(output / CONFIG_FILE))

@@ -22,7 +22,6 @@ before it is created. Until then the trial's run is named by a placeholder id
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 import urllib.error
@@ -39,8 +38,6 @@ RETRY_EVERY_S = 10.0
 PROBE_TIMEOUT_S = 2.0
 #: The prefix of a queued trial run's id until the server has created it.
 PLACEHOLDER = "pending:"
-
-logger = logging.getLogger("hpo.tracking.outbox")
 
 _UNREACHABLE_WORDS = ("failed with exception", "failed with timeout exception", "Max retries exceeded",
                       "Connection refused", "Connection reset", "Connection aborted", "RemoteDisconnected",
@@ -158,8 +155,7 @@ class OutboxClient:
         self._last_try = time.monotonic()
         message = (f"MLflow server at {self.tracking_uri} unreachable ({str(exc)[:160]}); the sweep goes on, "
                    f"its records wait in {self.path} and are sent when the server answers again")
-        logger.warning(message)
-        print(f"warning: {message}", flush=True)
+        print(f"warning: {message}", flush=True)  # once per outage: the sweep's output, not its log
 
     def _append(self, entry: dict[str, Any]) -> None:
         self.queued.append(entry)
