@@ -304,16 +304,25 @@ def worker_node_kill(folder: Path, code: Any, ref: dict[str, Any], ref_answer: s
         worker_pgid = cluster.nodes[1].pid
         deadline = time.time() + 1800
         victim = None
+        seen: set[str] = set()
+        import yaml
+
+        log_every = yaml.safe_load(config.read_text())["trainer"]["log_every"]
+        min_step = 3 * log_every  # a few intervals trained since its start (or its rung's checkpoint)
         while victim is None:
-            if time.time() > deadline:
-                raise RuntimeError("no trial trained on the worker node in 30 min")
-            trials = rel._state(output).get("trials", {})
+            if time.time() > deadline or (output / "report").exists():
+                raise RuntimeError("no trial trained on the worker node past t̂ = 0.1 before the job ended")
             for pid, cwd in _of_node(worker_pgid, "Trainable.train"):
-                tid = next((t for t in trials if cwd.endswith(t)), None)
-                if tid and (trials[tid].get("last_train_fraction") or 0) >= 0.1:
-                    victim = (pid, tid, trials[tid]["last_train_fraction"])
+                tid = cwd.rsplit("_", 2)[-2] + "_" + cwd.rsplit("_", 1)[-1] if cwd.count("_") >= 2 else ""
+                if tid not in seen:
+                    seen.add(tid)
+                    print(f"    trial {tid} trains on the worker node (pid {pid}, in {cwd})", flush=True)
+                # Its results reach MLflow before the scheduler sees them (the snapshot is throttled).
+                step = _reported_step(server.uri, "node-kill", tid) if tid else 0
+                if step >= min_step:
+                    victim = (pid, tid, step)
             if victim is None:
-                time.sleep(0.5)
+                time.sleep(1.0)
         node_processes = _of_node(worker_pgid, "")
         os.killpg(worker_pgid, signal.SIGKILL)
         for pid, _ in node_processes:  # anything of the node's that left its group
@@ -323,7 +332,7 @@ def worker_node_kill(folder: Path, code: Any, ref: dict[str, Any], ref_answer: s
         tid = victim[1]
         checkpoint = conc._newest_checkpoint(output, tid)
         reported = _reported_step(server.uri, "node-kill", tid)
-        held.append(f"killed the worker node under {conc._label(tid)} (t̂ {victim[2]:.2f}, newest checkpoint "
+        held.append(f"killed the worker node under {conc._label(tid)} (at step {reported}, newest checkpoint "
                     f"at step {checkpoint})")
         state = "RUNNING"
         while state not in ("SUCCEEDED", "FAILED", "STOPPED"):
@@ -340,9 +349,6 @@ def worker_node_kill(folder: Path, code: Any, ref: dict[str, Any], ref_answer: s
         final = rel._state(output).get("trials", {}).get(tid, {}).get("status")
         (held if errored else failed).append(f"{conc._label(tid)} {'errored, retried' if errored else 'no error recorded'}"
                                              f" (max_failures 1), ended {final}")
-        import yaml
-
-        log_every = yaml.safe_load(config.read_text())["trainer"]["log_every"]
         # Work trained twice: at most the intervals it had reported past its checkpoint when its
         # node died, plus the one in flight.
         lost = -(-(reported - checkpoint) // log_every)

@@ -285,5 +285,5 @@ def test_sigkill_of_a_state_writer_leaves_the_old_or_the_new_state(tmp_path):
 
     got = kill_state_writer(tmp_path, rounds=40, seed=1)
     assert got["unreadable"] == got["mixed"] == got["went_back"] == got["points_lost"] == 0, got
-    assert got["mid_write"] >= 1 and got["versions_written"] >= 20, got  # the kills did land in writes
+    assert got["mid_write"] >= 1 and got["versions_written"] >= 5, got  # the kills did land in writes
     assert got["tmp_left_after_resume"] == 0, got
