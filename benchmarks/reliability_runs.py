@@ -154,8 +154,8 @@ def kill_and_resume(folder: Path, code: Code, point: str,
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
     at_kill = _state(output)
-    killed = {"decided": sum(r["decided"] for r in at_kill["rungs"]),
-              "t_max": max((t.get("last_train_fraction") or 0) for t in at_kill["trials"].values())}
+    killed = {"decided": sum(r["decided"] for r in at_kill.get("rungs", [])),
+              "t_max": max(((t.get("last_train_fraction") or 0) for t in at_kill.get("trials", {}).values()), default=0)}
     copy = folder / "moved" / "out"
     shutil.copytree(output, copy)
     original = _digests(output)
