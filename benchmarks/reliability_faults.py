@@ -460,8 +460,8 @@ def stalled_write_row(process: subprocess.Popen, began: float) -> dict[str, Any]
     line = (out.strip().splitlines() or ["(no answer)"])[-1]
     return {"code": "MLflow's client alone (before)", "case": "one write to a stopped server, MLflow's default "
             "retries (`MLFLOW_HTTP_REQUEST_MAX_RETRIES` 7)", "exits": "–", "held": [],
-            "failed": [f"the write blocked {line} (in a sweep: its driver stalled that long, then the error "
-                       "ended the sweep)"], "seconds": time.perf_counter() - began}
+            "failed": [f"the write blocked {line} (a sweep's driver makes its writes from Ray Tune's loop)"],
+            "seconds": time.perf_counter() - began}
 
 
 # ----------------------------------------------------------------------------- the section
