@@ -89,6 +89,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"{directory}: not a sweep output directory (no scheduler_state.json)")
     report = write_report(directory)
     print_report(report)
+    from hpo.service.sweep import upload_pending
+
+    sent = upload_pending(directory.resolve())  # what the sweep could not send to its server
+    if sent:
+        print(sent)
     return 0
 
 
@@ -466,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--address", help="Ray cluster address")
     resume.set_defaults(func=_cmd_resume)
 
-    report = sub.add_parser("report", help="write and print the report of a sweep")
+    report = sub.add_parser("report", help="write and print the report of a sweep (and send MLflow records "
+                            "its tracking server was away for)")
     report.add_argument("output_dir", help="a sweep's output directory (holds scheduler_state.json)")
     report.set_defaults(func=_cmd_report)
     _add_monitor_parser(sub)

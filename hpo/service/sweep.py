@@ -369,6 +369,8 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
               "search": config.search.model_dump(exclude_none=True),
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
+        if restore:  # what an earlier driver could not send (its server was away) goes first
+            tracker.upload_pending()
         job_id = os.environ.get(JOB_ID_ENV)
         if job_id:  # submitted with `hpo submit`: clients find this run by the job id
             tracker.tag_parent({JOB_TAG: job_id})
@@ -506,8 +508,40 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     diverged = diverged_trials(state)
     all_diverged = bool(state.get("trials")) and len(diverged) == len(state["trials"])
     tracker.finish_parent("KILLED" if interrupted else "FAILED" if errors or all_diverged else "FINISHED")
+    waiting = tracker.upload_pending()
+    if waiting:
+        print(pending_line(output, waiting, tracker.tracking_uri), flush=True)
     return {"report": report, "errors": errors, "diverged": diverged, "all_diverged": all_diverged,
-            "interrupted": interrupted}
+            "interrupted": interrupted, "mlflow_pending": waiting}
+
+
+def pending_line(output: Path, waiting: int, tracking_uri: str) -> str:
+    """What to do about MLflow records still waiting in the sweep folder."""
+    from hpo.tracking.outbox import PENDING_FILE
+
+    return (f"MLflow server at {strip_credentials(tracking_uri)} unreachable: {waiting} records wait in "
+            f"{output / PENDING_FILE}; `hpo report {output}` sends them once it answers")
+
+
+def upload_pending(output: Path) -> Optional[str]:
+    """``hpo report``: send the MLflow records a sweep could not (its server was away), to the
+    tracking URI and experiment of its ``sweep.yaml``; a line saying what happened, or None when
+    nothing was waiting."""
+    from hpo.tracking.outbox import PENDING_FILE
+    from hpo.tracking.runs import SweepTracker
+
+    if not (output / PENDING_FILE).exists():
+        return None
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line, not one per run ended
+    raw = read_yaml(str(output / CONFIG_FILE))
+    raw.update(output_dir=str(output), predictor=str(output / PREDICTOR_FILE))
+    config = load_sweep_config(data=raw, source=str(output / CONFIG_FILE))
+    tracker = SweepTracker(use_credentials(config.tracking_uri()), config.mlflow.experiment, output, config.name)
+    before = len(tracker.client.queued)
+    waiting = tracker.upload_pending()
+    if waiting:
+        return pending_line(output, waiting, tracker.tracking_uri)
+    return f"MLflow: {before} records that had waited in {output / PENDING_FILE} sent to {tracker.tracking_uri}"
 
 
 def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> dict[str, str]:
