@@ -30,6 +30,7 @@ from hpo.common.overrides import ConfigError
 from hpo.trials.replay import run_points, seed_noise, true_finals
 from predictors import Predictor
 from predictors.kinds import SWEEP_KINDS
+from predictors.run_keys import METRIC_COLUMNS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,15 +121,16 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
     return out
 
 
-def replicates(config_path: str) -> tuple[Any, dict[tuple[str, int], list[str]], list[str]]:
-    """The bank, each complete (family, seed) replicate's run ids, and what is missing."""
+def replicates(config_path: str, metric: str = "loss") -> tuple[Any, dict[tuple[str, int], list[str]], list[str]]:
+    """The bank, each complete (family, seed) replicate's run ids (complete: every run has a
+    final of ``metric``), and what is missing."""
     config = load_calibration_config(config_path)
     bank = Path(config.bank) if Path(config.bank).is_absolute() else REPO_ROOT / config.bank
     if not bank.exists():
         raise ConfigError(f"{bank}: no such curve bank (named by {config_path}); train it with "
                           f"`hpo calibrate {config_path}`")
     frame = load_bank(bank)
-    finals = true_finals(frame)
+    finals = true_finals(frame, METRIC_COLUMNS[metric])
     groups: dict[tuple[str, int], list[str]] = {}
     for run in config.sweep_runs():
         groups.setdefault((run.sweep, run.seed), []).append(run.run_id)
@@ -250,7 +252,7 @@ def bank_corpus(config_path: str) -> str:
     return corpus_name(load_calibration_config(config_path).trainer)
 
 
-def with_order_error_from(predictor: Predictor, config_paths: Sequence[str]) -> Predictor:
+def with_order_error_from(predictor: Predictor, config_paths: Sequence[str], metric: str = "loss") -> Predictor:
     """``predictor`` with the order error the keep rule reads measured on these banks' sweeps
     (``hpo.calibration.ranking_error.corpus_order_error``: banks of corpora other than the fit's
     and the held-out one); kinds they do not sweep keep the predictor's own."""
@@ -262,9 +264,9 @@ def with_order_error_from(predictor: Predictor, config_paths: Sequence[str]) -> 
 
     curves = []
     for c in config_paths:
-        frame, complete, _ = replicates(c)
+        frame, complete, _ = replicates(c, metric)
         ids = {r for v in complete.values() for r in v}
-        curves += bank_curves(frame[frame["run_id"].isin(ids)])
+        curves += bank_curves(frame[frame["run_id"].isin(ids)], loss_column=METRIC_COLUMNS[metric])
     across = corpus_order_error(predictor, complete_curves(curves)[0], sorted({bank_corpus(c) for c in config_paths}))
     if across is None or predictor.ranking_error is None:
         return predictor
@@ -286,17 +288,20 @@ class Bank:
 
 
 def replay_bank(config_path: str, predictor: Predictor, *, quick: bool, families: Sequence[str],
-                started: float) -> Bank:
-    """Every setting of every method on every complete replicate of one bank."""
+                started: float, metric: str = "loss") -> Bank:
+    """Every setting of every method on every complete replicate of one bank, deciding on and
+    scored by ``metric`` (``predictors.run_keys.METRIC_COLUMNS``: the smoothed training loss or
+    the validation loss, for its curves and its true finals alike)."""
     from predictors.smoothing import FINAL_LOSS_DEFINITION
 
-    frame, complete, missing = replicates(config_path)
+    column = METRIC_COLUMNS[metric]
+    frame, complete, missing = replicates(config_path, metric)
     if families:
         complete = {k: v for k, v in complete.items() if k[0] in families}
     if not complete:
         raise ConfigError(f"no complete replicate in the bank of {config_path}")
-    finals = true_finals(frame)
-    points = {r: run_points(frame, r) for ids in complete.values() for r in ids}
+    finals = true_finals(frame, column)
+    points = {r: run_points(frame, r, column) for ids in complete.values() for r in ids}
     kinds = list(dict.fromkeys(k[0] for k in complete))
     sigmas = {f: seed_noise(frame, [r for k, ids in complete.items() if k[0] == f for r in ids], finals=finals).std
               for f in kinds}
@@ -321,6 +326,6 @@ def replay_bank(config_path: str, predictor: Predictor, *, quick: bool, families
     meta = {"bank": config.bank, "corpus": corpus_name(config.trainer), "n_replicates": len(complete), "n_runs": len(points),
             "n_trials": max(len(v) for v in complete.values()), "kinds": kinds,
             "seeds": sorted({k[1] for k in complete}), "n_params": n_params, "sigma_stand_in": stand_in,
-            "tpp": config.trainer.get("tokens_per_param"), "final_loss": FINAL_LOSS_DEFINITION,
+            "tpp": config.trainer.get("tokens_per_param"), "final_loss": FINAL_LOSS_DEFINITION, "metric": metric,
             "diagnostics": ranking_diagnostics(predictor, complete, points, finals)}
     return Bank(config_path, rows, aggregate(rows), sigmas, missing, meta)

@@ -18,7 +18,10 @@ Five measurements, each with the real CLI in real processes:
 4. **Concurrent drivers and a killed trial worker** (``benchmarks/reliability_concurrency.py``):
    ``hpo resume`` while the sweep's driver runs, two ``hpo sweep`` / two ``hpo calibrate`` into one
    folder at once, and SIGKILL of the Ray worker training a trial; each compared as in 1.
-5. Scheduler cost: the table ``benchmarks/scheduler_cost.py --md benchmarks/scheduler_cost.md`` wrote
+5. **Cluster faults** (``benchmarks/reliability_faults.py``): the MLflow tracking server stopped for
+   60 s mid-sweep and restarted, a Ray worker node SIGKILLed under a submitted job, the driver
+   SIGKILLed while it writes the scheduler state (and a state writer killed in a loop).
+6. Scheduler cost: the table ``benchmarks/scheduler_cost.py --md benchmarks/scheduler_cost.md`` wrote
    (quoted from that file, which says when and how it was measured).
 
 ``--baseline REV`` runs sections 1 and 2 also with the code of git revision REV (e.g. the
@@ -27,7 +30,8 @@ commit before this work), for a before/after comparison.
 Usage: ``python benchmarks/reliability.py [--baseline REV] [--md benchmarks/reliability.md]``
 (about 15 minutes on 2 busy cores; twice that with a baseline). ``--only-bad-input`` reruns
 section 3 alone (about two minutes) into the existing report, ``--only-concurrency`` section 4
-(about five minutes).
+(about five minutes), ``--only-faults`` section 5 (about fifteen minutes on 2 busy cores: two
+``mlflow server`` and two Ray node start-ups are most of it).
 """
 
 from __future__ import annotations
@@ -156,6 +160,9 @@ def render(results: dict[str, Any]) -> str:
     from reliability_concurrency import section
 
     out += section(results["concurrency"], ref, results["answer"])
+    import reliability_faults
+
+    out += reliability_faults.section(results["faults"], ref, results["answer"])
     out += bad_input_section(results["bad_input"])
     out += ["## Scheduler cost", ""] + scheduler_cost_section() + [""]
     return "\n".join(out)
@@ -215,6 +222,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--appends", type=int, default=40, help="appends per process in the bank test")
     parser.add_argument("--only-concurrency", action="store_true",
                         help="rerun only the concurrency / worker-kill section into the existing --md")
+    parser.add_argument("--only-faults", action="store_true",
+                        help="rerun only the cluster-faults section into the existing --md")
     parser.add_argument("--only-bad-input", action="store_true",
                         help="rerun only the bad-input table (and quote the scheduler cost) into the existing --md")
     args = parser.parse_args(argv)
@@ -224,6 +233,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.only_bad_input:
         refresh_bad_input(args.md, work)
         print(f"wrote the bad-input section of {args.md} ({time.perf_counter() - began:.0f} s)")
+        return 0
+    if args.only_faults:
+        from reliability_faults import refresh as refresh_faults
+
+        refresh_faults(args.md, work)
+        print(f"wrote the cluster-faults section of {args.md} ({time.perf_counter() - began:.0f} s)")
         return 0
     if args.only_concurrency:
         from reliability_concurrency import refresh
@@ -251,6 +266,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("concurrent drivers and a killed trial worker ...", flush=True)
     results["answer"] = answer_of(work / "uninterrupted" / "out")
     results["concurrency"] = run_section(work / "concurrency", codes[0], results["uninterrupted"], results["answer"])
+    import reliability_faults
+
+    print("cluster faults ...", flush=True)
+    results["faults"] = reliability_faults.run_section(work / "faults", codes[0], results["uninterrupted"],
+                                                       results["answer"])
     for code in codes:
         print(f"{code.label}: concurrent appends ...", flush=True)
         module = next(m for m in (code.root / "hpo" / "trials" / "curve_bank.py", code.root / "hpo" / "curve_bank.py")

@@ -92,22 +92,24 @@ def _sha(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "missing"
 
 
-def _parents(output: Path, experiment: str = "tiny-test") -> list[str]:
-    """Statuses of the MLflow parent runs of a sweep folder."""
+def _parents(output: Path, experiment: str = "tiny-test", tracking_uri: Optional[str] = None) -> list[str]:
+    """Statuses of the MLflow parent runs of a sweep folder (in its own SQLite store, or at ``tracking_uri``)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{output / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=tracking_uri or f"sqlite:///{output / 'mlflow.db'}")
     found = client.get_experiment_by_name(experiment)
     runs = client.search_runs([found.experiment_id]) if found else []
     return [r.info.status for r in runs if "mlflow.parentRunId" not in r.data.tags]
 
 
 def _same_sweep(ref: dict[str, Any], output: Path, held: list[str], failed: list[str],
-                redone: Optional[tuple[int, str]] = None) -> dict[str, Any]:
+                redone: Optional[tuple[int, str]] = None, tracking_uri: Optional[str] = None,
+                experiment: str = "tiny-test") -> dict[str, Any]:
     """Section 1's comparison of ``output`` with the uninterrupted run, sorted into held / failed.
-    Intervals trained twice must be none, or at most ``redone[0]`` (``redone[1]`` says why)."""
+    Intervals trained twice must be none, or at most ``redone[0]`` (``redone[1]`` says why). The
+    runs are in the folder's SQLite store, or in ``experiment`` at ``tracking_uri``."""
     try:
-        got = rel._summary(output)
+        got = rel._summary(output, tracking_uri, experiment)
     except Exception as exc:  # noqa: BLE001 - report what broke instead of dying
         failed.append(f"no summary ({exc!r:.80})")
         return {}
@@ -118,7 +120,7 @@ def _same_sweep(ref: dict[str, Any], output: Path, held: list[str], failed: list
     (held if runs_ok else failed).append(f"MLflow {c['mlflow']}")
     bound, why = redone or (0, "")
     (held if got["repeated"] <= bound else failed).append(f"compute {c['compute']}" + (f"; {why}" if why else ""))
-    parents = _parents(output)
+    parents = _parents(output, experiment, tracking_uri)
     (held if parents == ["FINISHED"] else failed).append(f"parent run {'/'.join(parents) or 'missing'}")
     return got
 
@@ -413,11 +415,12 @@ def answer_of(output: Path) -> str:
     return _label(json.loads((output / "predicted_best.json").read_text())["trial_id"])
 
 
-def replace_section(text: str, lines: list[str]) -> str:
-    """``text`` with this section replaced by ``lines`` (or put before the bad-input section)."""
+def replace_section(text: str, lines: list[str], title: str = SECTION) -> str:
+    """``text`` with the section ``title`` (this one) replaced by ``lines`` (or put before the
+    bad-input section)."""
     body = "\n".join(lines)
-    if SECTION in text:
-        head, rest = text.split(SECTION, 1)
+    if title in text:
+        head, rest = text.split(title, 1)
         tail = rest[rest.index("\n## "):].lstrip("\n") if "\n## " in rest else ""
         return head + body + "\n" + tail
     if "## Bad input" in text:

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import yaml
 
@@ -84,8 +84,9 @@ def _sweep_config(folder: Path, code: Code) -> Path:
     return path
 
 
-def _summary(output: Path) -> dict[str, Any]:
-    """Trial outcomes, decisions, MLflow runs and compute of a finished sweep folder."""
+def _summary(output: Path, tracking_uri: Optional[str] = None, experiment_name: str = "tiny-test") -> dict[str, Any]:
+    """Trial outcomes, decisions, MLflow runs and compute of a finished sweep folder (its runs in
+    its own SQLite store, or in experiment ``experiment_name`` at ``tracking_uri``)."""
     from mlflow.tracking import MlflowClient
 
     state = _state(output)
@@ -95,8 +96,8 @@ def _summary(output: Path) -> dict[str, Any]:
 
     outcomes = {trial(tid): (t["status"], t.get("stopped_at")) for tid, t in state.get("trials", {}).items()}
     decisions = [tuple(trial(t) for t in r["survivors"]) if r["decided"] else None for r in state.get("rungs", [])]
-    client = MlflowClient(tracking_uri=f"sqlite:///{output / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("tiny-test")
+    client = MlflowClient(tracking_uri=tracking_uri or f"sqlite:///{output / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(experiment_name)
     runs = client.search_runs([experiment.experiment_id]) if experiment else []
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
@@ -130,27 +131,31 @@ def uninterrupted(folder: Path, code: Code) -> dict[str, Any]:
     return {**_summary(folder / "out"), "wall_s": time.perf_counter() - began}
 
 
-def kill_and_resume(folder: Path, code: Code, point: str) -> dict[str, Any]:
-    """Run the sweep, SIGKILL its process group at ``point``, copy the folder, resume the copy."""
+def kill_and_resume(folder: Path, code: Code, point: str,
+                    probe: Optional[Callable[[Path], bool]] = None, poll_s: float = 0.1) -> dict[str, Any]:
+    """Run the sweep, SIGKILL its process group at ``point`` (or once ``probe(output)`` is true,
+    polled every ``poll_s``), copy the folder, resume the copy."""
     config = _sweep_config(folder, code)
     output = folder / "out"
-    reached = _kill_condition(point)
+    if probe is None:
+        reached = _kill_condition(point)
+        probe = lambda out: reached(_state(out))  # noqa: E731
     driver = subprocess.Popen([sys.executable, "-m", "hpo.service.cli", "sweep", str(config)], env=_env(code), cwd=folder,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     began = time.perf_counter()
     try:
-        while not reached(_state(output)):
+        while not probe(output):
             if driver.poll() is not None:
                 raise RuntimeError(f"the sweep ended before {point!r}")
             if time.perf_counter() - began > 1800:
                 raise RuntimeError(f"{point!r} not reached in 30 min")
-            time.sleep(0.1)
+            time.sleep(poll_s)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
     at_kill = _state(output)
-    killed = {"decided": sum(r["decided"] for r in at_kill["rungs"]),
-              "t_max": max((t.get("last_train_fraction") or 0) for t in at_kill["trials"].values())}
+    killed = {"decided": sum(r["decided"] for r in at_kill.get("rungs", [])),
+              "t_max": max(((t.get("last_train_fraction") or 0) for t in at_kill.get("trials", {}).values()), default=0)}
     copy = folder / "moved" / "out"
     shutil.copytree(output, copy)
     original = _digests(output)

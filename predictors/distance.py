@@ -121,13 +121,41 @@ def slope_squared(groups: Sequence[ErrorGroup], fractions: Sequence[float], s: f
     return num / den if den > 0 else 0.0
 
 
-def axis_error(
+@dataclass(frozen=True)
+class AxisFit:
+    """The held-out groups that judge runs in one situation (axis; inside, or beyond on one
+    side) and the trend fitted to them: what :func:`axis_error` needs besides the run's
+    distance, so that a sweep's many τ in one situation share one fit."""
+
+    axis: str
+    side: str  # "inside", "beyond", or "above/below the calibrated range"
+    note: str
+    k2: float  # k(s)² of e² = e_in² + k²·d²
+    n_groups: int
+    nearest: float  # the held-out groups' distances, nearest and farthest
+    farthest: float
+    largest: float  # the largest error held out there, and its group's words (for d = ∞)
+    largest_words: str
+
+    def error(self, e_in: float, d: float) -> tuple[float, str]:
+        """(e(s) at distance ``d``, in words): :func:`axis_error` of a run at ``d``."""
+        if math.isinf(d):
+            return self.largest, (f"{self.axis} beyond every calibrated value: the largest error held out "
+                                  f"on the axis ({self.largest_words}), a lower bound{self.note}")
+        value = math.sqrt(e_in * e_in + self.k2 * d * d)
+        beyond = (f"; farther than any held-out group (farthest {self.farthest:.2f}): the trend is extrapolated"
+                  if d > self.farthest + 1e-9 else "")
+        return value, (f"{self.axis} {self.side}, {d:.2f} in log: e² = e_in² + k²·d² fitted to the errors of "
+                       f"{self.n_groups} groups held out there (distances {self.nearest:.2f}–"
+                       f"{self.farthest:.2f}){beyond}{self.note}")
+
+
+def axis_fit(
     groups: Sequence[ErrorGroup], fractions: Sequence[float], s: float, e_in: float, position: Position,
     direction: Optional[str] = None,
-) -> Optional[tuple[float, str]]:
-    """(e(s) for a run at ``position``, ``direction`` "above"/"below" when beyond, in words)
-    from the groups held out on its axis (module docstring), or None when none was held out on
-    that axis."""
+) -> Optional[AxisFit]:
+    """The :class:`AxisFit` for runs in ``position``'s situation (its distance is not read),
+    or None when no group was held out on its axis."""
     on_axis = [g for g in groups if g.position.axis == position.axis]
     if not on_axis:
         return None
@@ -145,35 +173,47 @@ def axis_error(
             side = f"{direction} the calibrated range"
         else:
             note = f" (none was held out {direction} the calibrated range: both sides)"
-    d = position.distance
-    if math.isinf(d):
-        g = max(same, key=lambda g: g.at(fractions, s))
-        return g.at(fractions, s), (f"{position.axis} beyond every calibrated value: the largest error held out "
-                                    f"on the axis ({g.scheme}, {g.value:g}), a lower bound{note}")
-    k2 = slope_squared(same, fractions, s, e_in)
-    farthest = max(g.position.distance for g in same)
-    value = math.sqrt(e_in * e_in + k2 * d * d)
-    beyond = (f"; farther than any held-out group (farthest {farthest:.2f}): the trend is extrapolated"
-              if d > farthest + 1e-9 else "")
-    return value, (f"{position.axis} {side}, {d:.2f} in log: e² = e_in² + k²·d² fitted to the errors of "
-                   f"{len(same)} groups held out there (distances {min(g.position.distance for g in same):.2f}–"
-                   f"{farthest:.2f}){beyond}{note}")
+    worst = max(same, key=lambda g: g.at(fractions, s))
+    distances = [g.position.distance for g in same]
+    return AxisFit(position.axis, side, note, slope_squared(same, fractions, s, e_in), len(same), min(distances),
+                   max(distances), worst.at(fractions, s), f"{worst.scheme}, {worst.value:g}")
+
+
+def axis_error(
+    groups: Sequence[ErrorGroup], fractions: Sequence[float], s: float, e_in: float, position: Position,
+    direction: Optional[str] = None,
+) -> Optional[tuple[float, str]]:
+    """(e(s) for a run at ``position``, ``direction`` "above"/"below" when beyond, in words)
+    from the groups held out on its axis (module docstring), or None when none was held out on
+    that axis."""
+    fit = axis_fit(groups, fractions, s, e_in, position, direction)
+    return None if fit is None else fit.error(e_in, position.distance)
 
 
 def off_scale_error(
     groups: Sequence[ErrorGroup], fractions: Sequence[float], s: float, e_in: float, positions: Sequence[Position],
-    directions: Optional[Mapping[str, str]] = None,
+    directions: Optional[Mapping[str, str]] = None, fits: Optional[dict[Any, Optional[AxisFit]]] = None,
 ) -> tuple[Optional[float], list[str], list[Position]]:
     """(combined e(s) over the axes that have groups, words per axis, positions on axes without
     any group). The combined error is None when no position has a group on its axis.
     ``directions``: per axis, "above"/"below" for a position beyond the calibrated range. TPP and
-    model size share one excess (the larger), τ adds (module docstring)."""
+    model size share one excess (the larger), τ adds (module docstring). ``fits``: a memo of
+    :func:`axis_fit` by situation, for a caller that asks again with the same groups (a
+    predictor: a sweep's trials differ in distance, rarely in situation)."""
     directions = directions or {}
     scale_excess, other_excess, words, unmeasured = 0.0, 0.0, [], []
     measured = False
     scale_axes = 0
     for pos in positions:
-        found = axis_error(groups, fractions, s, e_in, pos, directions.get(pos.axis) if not pos.inside else None)
+        direction = directions.get(pos.axis) if not pos.inside else None
+        key = (s, e_in, pos.axis, pos.inside, direction)
+        if fits is None or key not in fits:
+            fit = axis_fit(groups, fractions, s, e_in, pos, direction)
+            if fits is not None:
+                fits[key] = fit
+        else:
+            fit = fits[key]
+        found = None if fit is None else fit.error(e_in, pos.distance)
         if found is None:
             unmeasured.append(pos)
             continue

@@ -113,9 +113,21 @@ def names(*, point: bool = False, **flags: Any) -> tuple[str, ...]:
     return tuple(k.name for k in table if all(getattr(k, f) == v for f, v in flags.items()))
 
 
+#: The losses a sweep can decide on (``scheduler.metric``) and a predictor be fitted on (``hpo
+#: calibrate``'s ``metric``), each with the report key (and curve-bank column) that holds its
+#: curve: ``loss`` is the smoothed training loss (trailing mean over ``smoothing_tokens``),
+#: ``val_loss`` the loss on the trainer's fixed held-out windows (``trainers.train.Trainer.evaluate``),
+#: a curve only where the trainer evaluated at every report (``eval_every`` <= ``log_every``).
+METRIC_COLUMNS: dict[str, str] = {"loss": "smoothed_loss", "val_loss": "val_loss"}
+#: What a predictor file without a recorded metric was fitted on (every one before it was recorded).
+DEFAULT_METRIC = "loss"
+#: The metrics in words (early answers, reports).
+METRIC_WORDS: dict[str, str] = {"loss": "training loss (smoothed)", "val_loss": "validation loss"}
+
+
 def bank_defaults() -> dict[str, Any]:
     """The bank columns added later, with what a bank written before them reads as."""
     return {k.name: k.bank_default for k in RUN_KEYS if k.banked and k.bank_default is not None}
 
 
-__all__ = ["KEY_TYPES", "POINT_KEYS", "RUN_KEYS", "RunKey", "bank_defaults", "names"]
+__all__ = ["DEFAULT_METRIC", "KEY_TYPES", "METRIC_COLUMNS", "METRIC_WORDS", "POINT_KEYS", "RUN_KEYS", "RunKey", "bank_defaults", "names"]

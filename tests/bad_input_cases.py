@@ -342,6 +342,14 @@ CASES: list[Case] = [
          _yaml(sweep_config(output_dir="")), ("output_dir", "empty")),
     Case("curve_loss_1e-300", "one loss point of 1e-300 in `--from-curves`", ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
          lambda d: _example_curves(d, _tiny_loss), ("curves.csv", "'loss'", "1e-300", "at least")),
+    # The metric the scheduler decides on.
+    Case("metric_unknown", "`scheduler.metric: accuracy`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"scheduler.metric": "accuracy"})), ("scheduler.metric", "val_loss", "accuracy")),
+    Case("val_loss_sparse_eval", "`scheduler.metric: val_loss` with `eval_every` above `log_every`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"scheduler.metric": "val_loss"})), ("val_loss", "trainer.eval_every", "log_every (5)")),
+    Case("val_loss_with_train_loss_predictor", "`scheduler.metric: val_loss` with the shipped (train-loss) predictor",
+         ["sweep", "s.yaml"], _yaml(sweep_config(**{"scheduler.metric": "val_loss", "trainer.eval_every": 5})),
+         ("predictor", "fitted on loss", "scheduler.metric is val_loss")),
 ]
 
 

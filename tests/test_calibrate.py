@@ -177,3 +177,24 @@ def test_a_three_width_calibration_chooses_how_size_enters(tmp_path: Path) -> No
     mode = summary["modes"]["five-parameter"]
     assert mode["size_choice_rule"] and mode["size_comparison"]
     assert mode["size_choice_rule"].startswith(Predictor.load(tmp_path / "p.json").provenance["size_method"] + ":")
+
+
+def test_the_metric_a_predictor_is_fitted_on_is_read_from_the_bank_and_recorded(tmp_path: Path) -> None:
+    # `metric: val_loss` fits the banked validation-loss curves (dense in this bank: evaluated at
+    # every report) and records it in predictor.json; the default is the smoothed training loss.
+    # A calibration whose runs would not be evaluated at every report is refused before anything.
+    common = ["grid=[{tokens_per_param: [10], tau: [0.05, 0.4, 1.6]}]", "fit.held_out_error=false",
+              "fit.cross_scale_error=false", "fit.ranking_error=false", "fit.extrapolation_error=false",
+              "fit.size_method=surrogate"]
+    fitted = {}
+    for metric in ("loss", "val_loss"):
+        out = tmp_path / metric
+        summary = calibrate("configs/calibration/val_loss.yaml", (*common, f"metric={metric}", f"output_dir={out}",
+                                                                  f"predictor_out={out}/p.json"), fit_only=True)
+        assert summary["n_curves"] == 3
+        fitted[metric] = Predictor.load(out / "p.json")
+        assert fitted[metric].metric == metric and fitted[metric].provenance["metric"] == metric
+    assert fitted["loss"].params != fitted["val_loss"].params  # two curves, two fits
+    assert Predictor.load("hpo/data/predictors/default.json").metric == "loss"  # recorded before: the train loss
+    with pytest.raises(ConfigError, match=r"metric: val_loss needs .* trainer.eval_every to at most trainer.log_every \(5\)"):
+        load_calibration_config("configs/calibration/val_loss.yaml", ("trainer.eval_every=200",))

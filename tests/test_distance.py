@@ -76,3 +76,18 @@ def test_both_off_scale_rules_take_only_groups_on_the_same_side_of_the_range():
     # The rules differ on purpose beyond that: the order takes the worst group held out at least
     # as far (a keep margin), the decision error the RMS trend at the distance (a stated band).
     assert Position("n_params", False, 0.5).analogous(beyond) and not beyond.analogous(inside)
+
+
+# Asserts: the per-situation fits a predictor memoises (``fits``) give the numbers and words
+# the unmemoised call gives, at every distance asked, inside and beyond the range.
+def test_memoised_fits_give_the_same_error_and_words_at_each_distance():
+    groups = [_group("tau", 0.4, 0.02), _group("tau", 0.8, 0.03), _group("n_params", 0.5, 0.02),
+              ErrorGroup("held out", 1.0, Position("tau", True, 0.3), 2, (0.015, 0.015), (0.0, 0.0))]
+    fits: dict = {}
+    for d in (0.1, 0.5, 1.3, math.inf):
+        for pos in ([Position("tau", False, d, "above")], [Position("tau", True, d)],
+                    [Position("tau", False, d, "below"), Position("n_params", False, d, "above")]):
+            directions = {p.axis: p.direction for p in pos if p.direction}
+            assert (off_scale_error(groups, FRACTIONS, 0.1, E_IN, pos, directions, fits=fits)
+                    == off_scale_error(groups, FRACTIONS, 0.1, E_IN, pos, directions))
+    assert len(fits) == 4  # one fit per situation, reused across distances

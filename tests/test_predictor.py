@@ -226,3 +226,49 @@ def test_repeated_predictions_equal_a_fresh_predictors_and_still_warn():
     copied = dataclasses.replace(shipped)  # a fresh memo per predictor object
     with pytest.warns(UserWarning, match="n_params"):
         assert copied.predict_final(T[:200], Y[:200], ctrl) == again[1]
+
+
+# Asserts: a rung's trials predicted in one batched call get, each, what the single-run
+# alignment on the same segment gives (an independent code path: the explicit segment), curves
+# of different lengths and controls mixed; a bad run gets predict_final's own error and does not
+# fail the others.
+@pytest.mark.filterwarnings("ignore:predictor. a run reports no n_params")
+def test_predict_finals_of_a_batch_match_each_run_predicted_alone():
+    shipped = Predictor.load(_shipped_path())
+    rng = np.random.default_rng(3)
+    ts, ys, cs = [], [], []
+    for n, tau, n_params in [(12, 0.2, None), (40, 0.9, 1e5), (5, 0.05, 3e5), (25, 0.4, None), (3, 0.7, 1e5),
+                             (30, 1.6, 2.4e4), (8, 0.3, 1e5), (17, 0.1, None), (60, 0.45, 6e5)]:
+        t = np.sort(rng.uniform(0.02, 0.35, n))
+        c = Controls(tau, 20.0, n_params=n_params)
+        ts.append(t)
+        ys.append(1.8 * shipped.normalized_curve(t, c) * (1 + 0.01 * rng.standard_normal(n)))
+        cs.append(c)
+    ts.append(ts[0])
+    ys.append(np.r_[ys[0][:-1], np.nan])  # a diverged run in the same batch
+    cs.append(cs[0])
+    batch = shipped.predict_finals(ts, ys, cs)
+    assert isinstance(batch[-1], ValueError) and "non-finite" in str(batch[-1])
+    settings = shipped.align
+    for t, y, c, got in zip(ts[:-1], ys[:-1], cs[:-1], batch[:-1]):
+        start = max(settings.min_start, settings.start_ratio * t[-1])
+        if np.sum(t >= start) < settings.min_points:
+            start = t[-settings.min_points]  # the segment reaches back to min_points points
+        alone = shipped.predict_final(t, y, c, segment=(start, float(t[-1])))
+        assert got.final_loss == pytest.approx(alone.final_loss, rel=1e-12)
+        assert got.uncertainty == pytest.approx(alone.uncertainty, rel=1e-12)
+        assert (got.n_points, got.error_source, got.curve_source) == (alone.n_points, alone.error_source,
+                                                                      alone.curve_source)
+    # Without the calibrated error: the same finals, the residual alone as uncertainty, said so;
+    # and so for a batch too small to pad (run by run).
+    for rows in (slice(0, -1), slice(0, 3)):
+        bare = shipped.predict_finals(ts[rows], ys[rows], cs[rows], calibrated_error=False)
+        assert [b.final_loss for b in bare] == pytest.approx([g.final_loss for g in batch[rows]], rel=1e-12)
+        assert all(b.uncertainty == pytest.approx(b.final_loss * b.residual) and "not computed" in b.error_source
+                   for b in bare)
+
+
+def _shipped_path():
+    from hpo.data import default_predictor_path
+
+    return default_predictor_path()

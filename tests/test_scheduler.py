@@ -251,6 +251,42 @@ def test_sync_six_trials_halving(tmp_path):
     assert s.trial_verdict("t4") == "stopped_at_0.2" and s.trial_verdict("t3") == "completed"
 
 
+class BatchPredictor(FakePredictor):
+    """A FakePredictor that also predicts many runs in one call, and counts those calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def predict_finals(self, t_hat, loss, controls, calibrated_error: bool = True):  # noqa: ANN001
+        self.batches.append(len(t_hat))
+        return [self.predict_final(np.asarray(t), np.asarray(y), c) for t, y, c in zip(t_hat, loss, controls)]
+
+
+# Asserts: in sync mode a trial waiting at a rung shows the loss it reached it at, and every
+# waiting trial is predicted when the rung is decided, in one batched call of the predictor
+# (what keeps a 10,000-trial rung round to one vectorised pass); the decisions are those of
+# predicting each trial on arrival (the halving test's).
+def test_sync_rung_predicts_its_waiting_trials_in_one_batch(tmp_path):
+    predictor = BatchPredictor()
+    s = sched(predictor=predictor)
+    trials = six_trials()
+    ctl = FakeController(s, trials)
+    ctl.start(trials[0])
+    ctl.step(trials[0])
+    ctl.step(trials[0])  # t̂ 0.1: waits at the first rung
+    entry = s.state.rungs[0].entries[trials[0].trial_id]
+    assert entry.waiting and entry.predicted_final_loss is None and entry.train_fraction == pytest.approx(0.1)
+    assert entry.smoothed_loss == pytest.approx(curve(trials[0].config["final"], trials[0].config["tau"], 0.1))
+    assert predictor.batches == [] and predictor.calls == 0
+    ctl.run(workers=2)
+    assert [r.survivors for r in s.state.rungs] == [["t1", "t3", "t4"], ["t1", "t3"], ["t3"]]
+    # Rung 0.1: the six predicted together (at half of it each has one report, too few to
+    # predict: no call); then the three survivors at 0.2 and the two at 0.3. No run alone.
+    assert predictor.batches == [6, 3, 2] and predictor.calls == 11
+    assert all(e.predicted_final_loss is not None for r in s.state.rungs for e in r.entries.values())
+
+
 # Asserts: the rung log holds loss, t̂ used, prediction ± σ, decision, reason, best ids, compute.
 def test_sync_decision_log(tmp_path):
     path = tmp_path / "scheduler_state.json"

@@ -191,3 +191,17 @@ def test_empty_search_space_and_empty_output_dir_are_refused() -> None:
 def test_experiment_name_longer_than_mlflow_takes_is_refused() -> None:
     assert "mlflow.experiment: Value error, 501 characters" in _error({**BASE, "mlflow": {"experiment": "x" * 501}})
     assert load_sweep_config(data={**BASE, "mlflow": {"experiment": "x" * 500}}).mlflow.experiment == "x" * 500
+
+
+def test_metric_is_the_train_or_the_validation_loss() -> None:
+    # scheduler.metric names a loss the trainer reports at every result: the smoothed training
+    # loss (default) or the validation loss, which then is evaluated at every report.
+    assert load_sweep_config(data=BASE).scheduler.metric == "loss"
+    assert "eval_every" not in load_sweep_config(data=BASE).base_trainer()
+    config = load_sweep_config(data=BASE, overrides=("scheduler.metric=val_loss", "trainer.log_every=7"))
+    assert config.base_trainer()["eval_every"] == 7
+    assert config.trial_trainer({"lr": 0.01})["eval_every"] == 7
+    every_other = _error(BASE, "scheduler.metric=val_loss", "trainer.log_every=5", "trainer.eval_every=10")
+    assert "scheduler.metric" in every_other and "trainer.eval_every" in every_other and "(5)" in every_other
+    unknown = _error(BASE, "scheduler.metric=accuracy")
+    assert "scheduler.metric" in unknown and "'accuracy'" in unknown and "val_loss" in unknown

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -25,7 +25,8 @@ from hpo.trials.curve_bank import bank_curves, fill_epochs, load_bank, run_id_of
 from hpo.common.output_lock import hold_folder
 from hpo.common.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
 from hpo.common.paths import check_output_dir, check_output_file
-from hpo.trials.sweep_config import merge_trial
+from hpo.trials.sweep_config import check_dense_validation, merge_trial
+from predictors.run_keys import METRIC_COLUMNS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,11 @@ class CalibrationConfig(BaseModel):
     predictor_out: Optional[str] = "{output_dir}/predictor.json"
     output_dir: Optional[str] = None
     fit: FitSettings = Field(default_factory=FitSettings)
+    # The loss the predictor is fitted on (predictors.run_keys.METRIC_COLUMNS), recorded in the
+    # predictor file: "loss", the smoothed training loss; "val_loss", the loss on the fixed
+    # held-out windows, which needs runs evaluated at every report (trainer eval_every <=
+    # log_every). A sweep refuses a predictor fitted on another metric than its scheduler.metric.
+    metric: Literal["loss", "val_loss"] = "loss"
     cpus_per_run: float = 1.0
     num_cpus: Optional[int] = None
     mlflow_experiment: str = "collapse-hpo-calibration"
@@ -153,7 +159,9 @@ def load_calibration_config(path: str, overrides: tuple[str, ...] = ()) -> Calib
         config = CalibrationConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, path)) from None
-    config.runs()  # validate every run before anything starts
+    runs = config.runs()  # validate every run before anything starts
+    if config.metric == "val_loss":
+        check_dense_validation(runs, path, field="metric")  # the sweep's check (one home)
     return config
 
 
@@ -202,7 +210,8 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
     calibration; write JSON + report."""
     frame = _banked_runs(config, bank_path)
     wanted = {run_id_of(c) for c in config.runs()}
-    provenance: dict[str, Any] = {"calibration": config.name, "bank": portable_path(bank_path)}
+    column = METRIC_COLUMNS[config.metric]
+    provenance: dict[str, Any] = {"calibration": config.name, "bank": portable_path(bank_path), "metric": config.metric}
     if config.extra_banks:
         provenance["extra_banks"] = [portable_path(_resolve(b)) for b in config.extra_banks]
     ranking_curves = []
@@ -213,7 +222,7 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
         extra_frame = load_bank(path)
         if path == bank_path:  # the calibration's own bank: only the runs it does not fit
             extra_frame = extra_frame[~extra_frame["run_id"].isin(wanted)]
-        ranking_curves += bank_curves(extra_frame)
+        ranking_curves += bank_curves(extra_frame, loss_column=column)
     if config.ranking_banks:
         provenance["ranking_banks"] = [portable_path(_resolve(b)) for b in config.ranking_banks]
     corpus_curves = []
@@ -221,10 +230,10 @@ def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Pa
         path = _resolve(other)
         if not path.is_file():
             raise ConfigError(f"corpus_banks: {other}: no such bank")
-        corpus_curves += bank_curves(load_bank(path))
+        corpus_curves += bank_curves(load_bank(path), loss_column=column)
     if config.corpus_banks:
         provenance["corpus_banks"] = [portable_path(_resolve(b)) for b in config.corpus_banks]
-    return fit_and_report(bank_curves(fill_epochs(frame)), config.fit, predictor_path, _output(config),
+    return fit_and_report(bank_curves(fill_epochs(frame), loss_column=column), config.fit, predictor_path, _output(config),
                           provenance=provenance, source=str(bank_path), ranking_curves=ranking_curves,
                           corpus_curves=corpus_curves, corpora=[Path(b).stem for b in config.corpus_banks])
 
@@ -302,7 +311,8 @@ def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str,
     predictor_path = _predictor_out(config)
     with hold_folder(_output(config), "hpo calibrate"):
         summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),
-                                 provenance={"calibration": config.name, "curves": imported.source},
+                                 provenance={"calibration": config.name, "curves": imported.source,
+                                             "metric": config.metric},
                                  source=imported.source, notes=tuple(imported.notes))
         _log_mlflow(config, summary)
     return summary

@@ -25,10 +25,12 @@ from predictors.io import atomic_write_json, json_safe
 def compose_early_answer(
     rung: RungRecord, trials: Mapping[str, TrialRecord], *, margin_for: Callable[[Sequence[str]], rules.Margin],
     margin_text: str, predictor: Any, decision_mode: str, compute_fraction: float, decided_at: str,
+    metric: str = "loss",
 ) -> Optional[dict[str, Any]]:
     """The early answer from the last rung's record: the best survivor by the rung's order,
     its P(best) among the trials ranked there, the predictor's value error for it, and what
-    the rung was decided with. None when no survivor has a prediction. ``margin_for(ids)`` is
+    the rung was decided with (``metric``: the loss ranked, ``scheduler.metric``). None when no
+    survivor has a prediction. ``margin_for(ids)`` is
     the rung's margin for those trials (``hpo.decisions.rules.rung_margin``)."""
     kept = [rung.entries[t] for t in rung.survivors if rung.entries[t].predicted_final_loss is not None]
     if not kept:
@@ -56,7 +58,7 @@ def compose_early_answer(
         "order": m.order, "order_weight": weight, "order_words": rung.margin_source,
         "kept_all": bool(rung.kept_all), "compute_fraction": compute_fraction,
         "rung": rung.fraction, "kept": list(rung.survivors), "current_best": rung.current_best,
-        "decision_mode": decision_mode, "decided_at": decided_at,
+        "decision_mode": decision_mode, "decided_at": decided_at, "metric": metric,
     })
 
 
@@ -130,9 +132,12 @@ def early_answer_lines(answer: Mapping[str, Any]) -> list[str]:
         header += f" (revised: replaces {revised.get('from')})"
     unc = answer.get("uncertainty")
     predicted = answer.get("predicted_final_loss")
+    # Which loss decided: the training loss (an answer without the key: written before it was
+    # recorded, always the training loss) or the validation loss.
+    loss = "validation loss" if answer.get("metric") == "val_loss" else "loss"
     lines = [header,
-             f"  predicted final loss {predicted:.4f}" + (f" ± {unc:.4f}" if unc is not None else "")
-             if predicted is not None else "  predicted final loss: none"]
+             f"  predicted final {loss} {predicted:.4f}" + (f" ± {unc:.4f}" if unc is not None else "")
+             if predicted is not None else f"  predicted final {loss}: none"]
     p_best = answer.get("probability_best")
     lines.append(f"  P(best): {100 * p_best:.0f}% among the {answer.get('n_candidates')} trials compared last"
                  if p_best is not None else "  P(best): not stated (this order's error was never measured)")

@@ -32,11 +32,13 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
+from scipy import special
 
 from predictors import run_keys
 from predictors.controls import Controls
@@ -57,6 +59,7 @@ DEFAULT_MARGIN_Z = 0.5
 #: recomputed per run, and D is rounded to whole steps).
 SAME_VALUE_TOLERANCE = 0.01
 #: Keys of a trial's sweep values (:func:`sweep_values`).
+logger = logging.getLogger("hpo.decisions.rules")
 SWEEP_VALUE_KEYS = run_keys.names(sweep_value=True)  # the table: predictors.run_keys
 
 
@@ -93,25 +96,74 @@ def predict_at_rung(
     history: the points of ``rung_cut`` handed to ``predictor.predict_final`` with the
     trial's controls. Never raises: no controls, too few points, a failing predictor or a
     non-finite result give a :class:`RungPrediction` without a prediction."""
-    t = np.asarray(t_hat, dtype=np.float64)
-    y = np.asarray(loss, dtype=np.float64)
-    n = rung_cut(t, stop_fraction)
-    if n is None:
-        return RungPrediction(None, None, int(t.size), None, None, f"the history never reaches t̂ = {stop_fraction:g}")
-    t_used, loss_used = float(t[n - 1]), float(y[n - 1])
-    if controls is None:
-        return RungPrediction(None, None, n, t_used, loss_used,
-                              "no controls (tau, tokens_per_param, schedule) in the results or config")
-    if n < min_points:
-        return RungPrediction(None, None, n, t_used, loss_used, f"only {n} point(s) up to the rung, min_points={min_points}")
-    try:
-        ctrl = controls if isinstance(controls, Controls) else Controls.from_mapping(controls)
-        pred = predictor.predict_final(t[:n], y[:n], ctrl)
-        final = finite_or_none(getattr(pred, "final_loss", None))
-        sigma = finite_or_none(getattr(pred, "uncertainty", None))
-        residual = finite_or_none(getattr(pred, "residual", None))
-    except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
-        return RungPrediction(None, None, n, t_used, loss_used, f"predictor failed: {type(exc).__name__}: {exc}")
+    return predict_at_rungs(predictor, [(t_hat, loss)], [controls], stop_fraction, min_points)[0]
+
+
+def predict_at_rungs(
+    predictor: Any,
+    histories: Sequence[tuple[Sequence[float], Sequence[float]]],
+    controls: Sequence[Optional[Controls | Mapping[str, Any]]],
+    stop_fraction: float,
+    min_points: int = DEFAULT_MIN_POINTS,
+    calibrated_error: bool = True,
+) -> list[RungPrediction]:
+    """:func:`predict_at_rung` for many trials at one rung, in one call of the predictor's
+    batched ``predict_finals`` (a rung of 10,000 trials is one vectorised pass; a predictor
+    without it is asked run by run). ``calibrated_error=False``: the caller reads only the
+    predicted finals (``Predictor.predict_finals``)."""
+    out: list[Optional[RungPrediction]] = [None] * len(histories)
+    asked: list[tuple[int, np.ndarray, np.ndarray, Controls, float, float, int]] = []
+    for i, ((t_hat, loss), ctrl) in enumerate(zip(histories, controls)):
+        t = np.asarray(t_hat, dtype=np.float64)
+        y = np.asarray(loss, dtype=np.float64)
+        n = rung_cut(t, stop_fraction)
+        if n is None:
+            out[i] = RungPrediction(None, None, int(t.size), None, None,
+                                    f"the history never reaches t̂ = {stop_fraction:g}")
+            continue
+        t_used, loss_used = float(t[n - 1]), float(y[n - 1])
+        if ctrl is None:
+            out[i] = RungPrediction(None, None, n, t_used, loss_used,
+                                    "no controls (tau, tokens_per_param, schedule) in the results or config")
+        elif n < min_points:
+            out[i] = RungPrediction(None, None, n, t_used, loss_used, f"only {n} point(s) up to the rung, min_points={min_points}")
+        else:
+            try:
+                asked.append((i, t[:n], y[:n], ctrl if isinstance(ctrl, Controls) else Controls.from_mapping(ctrl),
+                              t_used, loss_used, n))
+            except Exception as exc:  # noqa: BLE001 - bad controls keep the trial
+                out[i] = RungPrediction(None, None, n, t_used, loss_used, f"predictor failed: {type(exc).__name__}: {exc}")
+    for (i, _, _, _, t_used, loss_used, n), pred in zip(asked, _predict_all(predictor, asked, calibrated_error)):
+        out[i] = _rung_prediction(pred, n, t_used, loss_used)
+    return out  # type: ignore[return-value]
+
+
+def _predict_all(predictor: Any, asked: Sequence[tuple], calibrated_error: bool) -> list[Any]:
+    """The predictor's answer per asked run: a prediction or the exception it raised."""
+    if not asked:
+        return []
+    batched = getattr(predictor, "predict_finals", None)
+    if batched is not None:
+        try:
+            return list(batched([a[1] for a in asked], [a[2] for a in asked], [a[3] for a in asked],
+                                calibrated_error=calibrated_error))
+        except Exception as exc:  # noqa: BLE001 - a failing batch: each run asked alone below
+            logger.warning("predict_finals failed (%s); predicting run by run", exc)
+    answers: list[Any] = []
+    for _, t, y, ctrl, *_ in asked:
+        try:
+            answers.append(predictor.predict_final(t, y, ctrl))
+        except Exception as exc:  # noqa: BLE001 - a failed prediction keeps the trial
+            answers.append(exc)
+    return answers
+
+
+def _rung_prediction(pred: Any, n: int, t_used: float, loss_used: float) -> RungPrediction:
+    if isinstance(pred, Exception):
+        return RungPrediction(None, None, n, t_used, loss_used, f"predictor failed: {type(pred).__name__}: {pred}")
+    final = finite_or_none(getattr(pred, "final_loss", None))
+    sigma = finite_or_none(getattr(pred, "uncertainty", None))
+    residual = finite_or_none(getattr(pred, "residual", None))
     if final is None or final <= 0:
         return RungPrediction(None, None, n, t_used, loss_used, "predictor returned a non-finite final loss")
     return RungPrediction(final, None if sigma is None else abs(sigma), n, t_used, loss_used, residual=residual)
@@ -451,33 +503,49 @@ def keep_rule(
 # ---------------------------------------------------------------------- probability
 
 
-def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float], draws: int = 20_000) -> list[float]:
+def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float]) -> list[float]:
     """P(trial i has the lowest true final) when trial i's log-final is N(μ_i, σ_i²),
     independent across trials (σ_i = ranking scale/√2, so that a pair's difference has the
-    ranking scale). Estimated from ``draws`` seeded draws (±0.4% at 50%), so it is cheap at
-    1,000 trials and the same number on every run.
+    ranking scale): P_i = ∫ Π_{j≠i} P(X_j > x) dF_i(x), by quadrature on a grid of
+    ``PROBABILITY_GRID`` bins spanning where the lowest value can fall (F_i's mass per bin
+    times the others' survival at its middle: within 2e-5 of a 8,192-bin grid at 1,250 trials,
+    where 20,000 draws were within ±0.4%). Deterministic, and linear in the trials (a
+    draw-based estimate cost about a second at the last rung of a 10,000-trial sweep).
 
     Example:
         >>> [round(float(p), 2) for p in probability_best([0.0, 0.0], [0.01, 0.01])]
         [0.5, 0.5]
+        >>> round(probability_best([0.0, 0.02], [0.01 / 2 ** 0.5] * 2)[0], 3)  # Φ(2)
+        0.977
     """
     mu_all = np.asarray(log_means, dtype=np.float64)
     sd_all = np.maximum(np.asarray(log_sigmas, dtype=np.float64), 1e-9)
     if mu_all.size <= 1:
         return [1.0] * mu_all.size
-    # A trial more than 10 of the largest σ above the best never wins a draw: leave it out.
+    # A trial more than 10 of the largest σ above the best never is the lowest: leave it out.
     contenders = np.flatnonzero(mu_all - mu_all.min() <= 10.0 * sd_all.max())
     mu, sd = mu_all[contenders], sd_all[contenders]
-    rng = np.random.default_rng(0)
-    wins = np.zeros(mu.size)
-    chunk = max(1, 2_000_000 // mu.size)
-    for start in range(0, draws, chunk):
-        k = min(chunk, draws - start)
-        sample = mu[None, :] + sd[None, :] * rng.standard_normal((k, mu.size))
-        wins += np.bincount(np.argmin(sample, axis=1), minlength=mu.size)
+    # The lowest value lies above min(μ − 8σ) and below min(μ + 8σ) but with odds ~1e-15.
+    edges = np.linspace(float(np.min(mu - 8.0 * sd)), float(np.min(mu + 8.0 * sd)), PROBABILITY_GRID + 1)
+    middles = 0.5 * (edges[1:] + edges[:-1])
+    chunk = max(1, 2_000_000 // PROBABILITY_GRID)
+    parts = [slice(i, i + chunk) for i in range(0, mu.size, chunk)]
+
+    def log_survival(part: slice) -> np.ndarray:  # log P(X_j > middle), trials × bins
+        return special.log_ndtr(-(middles[None, :] - mu[part, None]) / sd[part, None])
+
+    everyone = sum(log_survival(part).sum(axis=0) for part in parts)  # Σ_j log P(X_j > x)
+    p = np.empty(mu.size)
+    for part in parts:
+        mass = np.diff(special.ndtr((edges[None, :] - mu[part, None]) / sd[part, None]), axis=1)
+        p[part] = np.sum(mass * np.exp(everyone[None, :] - log_survival(part)), axis=1)
     out = np.zeros(mu_all.size)
-    out[contenders] = wins / draws
-    return [float(p) for p in out]
+    out[contenders] = p / p.sum()
+    return [float(v) for v in out]
+
+
+#: Bins of the quadrature in :func:`probability_best`.
+PROBABILITY_GRID = 512
 
 
 # ---------------------------------------------------------------------- compute
@@ -518,6 +586,6 @@ def is_finished(train_fraction: float) -> bool:
 __all__ = [
     "Candidate", "DEFAULT_MARGIN_Z", "DEFAULT_MIN_POINTS", "DEFAULT_RUNGS", "KIND_GROUPS", "KeepDecision", "RungPrediction",
     "SWEEP_KINDS", "T_HAT_EPS", "compute_fraction", "current_best", "is_finished",
-    "keep_rule", "kind_groups", "Margin", "predict_at_rung", "probability_best", "rung_margin", "score", "sweep_kind",
+    "keep_rule", "kind_groups", "Margin", "predict_at_rung", "predict_at_rungs", "probability_best", "rung_margin", "score", "sweep_kind",
     "sweep_values",
 ]

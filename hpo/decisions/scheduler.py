@@ -262,10 +262,11 @@ class CollapseScheduler(FIFOScheduler):
                 if old.decision.ends_here:
                     break
                 continue
-            entry = rung.entries[rec.trial_id] = self._judge.entry(rec, r)
             if self._decision_mode != "async" and not rung.decided:
-                entry.reason = entry.reason or "waiting for the rung to be decided"
+                # Predicted when the rung is decided, with every trial waiting there (one batch).
+                rung.entries[rec.trial_id] = self._judge.waiting_entry(rec, r)
                 break
+            entry = rung.entries[rec.trial_id] = self._judge.entry(rec, r)
             keep = self._judge.judge_arrival(rung, entry, rec, self._state.trials, utc_now(), self.compute_fraction(),
                                              self._previous(r))
             if keep and self._judge.is_last(r) and self._decision_mode != "async" and rung.decided:
@@ -367,7 +368,7 @@ class CollapseScheduler(FIFOScheduler):
             self._state.rungs[r], trials, margin_for=lambda ids: self._judge.margin_for(
                 r, [trials[t] for t in ids if t in trials]), margin_text=self.margin_text(r),
             predictor=self._judge.predictor, decision_mode=self._decision_mode,
-            compute_fraction=self.compute_fraction(), decided_at=utc_now())
+            compute_fraction=self.compute_fraction(), decided_at=utc_now(), metric=str(self._metric))
 
     def _announce_early_answer(self) -> None:
         """Write the state holding the new early answer, then hand it to ``on_early_answer``."""
@@ -486,7 +487,9 @@ class CollapseScheduler(FIFOScheduler):
         self._try_decide(tc)
         self._maybe_async_early_answer()
         # Throttled, except for the sweep's last trial: the report reads the state when it ends.
-        self._persist(force=not any(r.alive for r in self._state.trials.values()))
+        # (Newest first: the trials still alive are mostly the last added, so the check does not
+        # walk every finished trial at each completion, quadratic over a 10,000-trial sweep.)
+        self._persist(force=not any(r.alive for r in reversed(self._state.trials.values())))
 
     def on_trial_error(self, tune_controller: "TuneController", trial: Trial) -> None:
         """A trial failed. Its absence must not block a rung; a retry re-adds it."""

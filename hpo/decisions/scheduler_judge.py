@@ -7,9 +7,12 @@ Ray is told, is the scheduler's.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
 
 from hpo.decisions import rules
 from hpo.decisions.keep import CollapseRule, KeepRule, RungEvidence, TrialEvidence
@@ -42,14 +45,17 @@ class RungJudge:
         # trial again at each arrival). Rebuilt on demand after a restore.
         self._half_first: dict[str, Optional[rules.Candidate]] = {}
 
-    def _half_first_rung(self, rec: TrialRecord) -> Optional[rules.Candidate]:
-        """The trial's prediction at half the first rung's t̂, from its own history (None: none)."""
-        if rec.trial_id not in self._half_first:
-            t, y = zip(*rec.history)
-            half = rules.predict_at_rung(self.predictor, t, y, rec.controls, self.rungs[0] / 2, self.min_points)
+    def _half_first_rung(self, recs: Sequence[TrialRecord]) -> None:
+        """Each trial's prediction at half the first rung's t̂, from its own history (None:
+        none), made in one batch for those not predicted there yet; only the predicted final
+        is read, so the calibrated error is not computed."""
+        todo = [rec for rec in recs if rec.trial_id not in self._half_first and rec.history]
+        preds = rules.predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in todo],
+                                       [rec.controls for rec in todo], self.rungs[0] / 2, self.min_points,
+                                       calibrated_error=False)
+        for rec, half in zip(todo, preds):
             self._half_first[rec.trial_id] = (rules.Candidate(rec.trial_id, half.final_loss, half.loss)
                                               if half.final_loss else None)
-        return self._half_first[rec.trial_id]
 
     def settings(self) -> dict[str, Any]:
         """These settings as the state file records them (in its order)."""
@@ -81,19 +87,37 @@ class RungJudge:
     def entry(self, rec: TrialRecord, r: int) -> RungEntry:
         """The trial's prediction at rung ``r`` (``hpo.decisions.rules.predict_at_rung``), as a waiting
         entry; it becomes the trial's latest prediction."""
-        t, y = zip(*rec.history)
-        pred = rules.predict_at_rung(self.predictor, t, y, rec.controls, self.rungs[r], self.min_points)
-        if pred.why.startswith("predictor failed"):
-            logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, pred.why)
-            if self.strict:
-                raise RuntimeError(pred.why)
-        if pred.final_loss is not None:
-            rec.latest_prediction = {"rung": self.rungs[r], "train_fraction": pred.train_fraction,
-                                     "final_loss": pred.final_loss, "uncertainty": pred.uncertainty}
-        return RungEntry(trial_id=rec.trial_id, train_fraction=float(pred.train_fraction or t[-1]),
-                         smoothed_loss=pred.loss, n_points=pred.n_points,
-                         predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty, residual=pred.residual,
-                         reason="" if pred.final_loss is not None else f"no prediction ({pred.why})")
+        return self.entries([rec], r)[0]
+
+    def entries(self, recs: Sequence[TrialRecord], r: int) -> list[RungEntry]:
+        """:meth:`entry` for many trials at rung ``r``, predicted in one batch
+        (``hpo.decisions.rules.predict_at_rungs``)."""
+        preds = rules.predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in recs],
+                                       [rec.controls for rec in recs], self.rungs[r], self.min_points)
+        out = []
+        for rec, pred in zip(recs, preds):
+            if pred.why.startswith("predictor failed"):
+                logger.warning("CollapseScheduler: prediction failed for %s: %s", rec.trial_id, pred.why)
+                if self.strict:
+                    raise RuntimeError(pred.why)
+            if pred.final_loss is not None:
+                rec.latest_prediction = {"rung": self.rungs[r], "train_fraction": pred.train_fraction,
+                                         "final_loss": pred.final_loss, "uncertainty": pred.uncertainty}
+            out.append(RungEntry(trial_id=rec.trial_id, train_fraction=float(pred.train_fraction or rec.history[-1][0]),
+                                 smoothed_loss=pred.loss, n_points=pred.n_points,
+                                 predicted_final_loss=pred.final_loss, uncertainty=pred.uncertainty,
+                                 residual=pred.residual,
+                                 reason="" if pred.final_loss is not None else f"no prediction ({pred.why})"))
+        return out
+
+    def waiting_entry(self, rec: TrialRecord, r: int) -> RungEntry:
+        """A trial waiting at rung ``r`` of a sync sweep: the point it reached the rung at, not yet
+        predicted; the rung's decision predicts every waiting trial in one batch (``decide``)."""
+        cut = rules.rung_cut(np.fromiter((p[0] for p in rec.history), np.float64, len(rec.history)), self.rungs[r])
+        n = cut if cut is not None else len(rec.history)
+        t, loss = rec.history[n - 1]
+        return RungEntry(trial_id=rec.trial_id, train_fraction=float(t), smoothed_loss=float(loss), n_points=n,
+                         reason="waiting for the rung to be decided")
 
     def verdict(self, r: int, keep: bool, rec: TrialRecord) -> RungDecision:
         return RungDecision.verdict(keep, audit=self.decision_mode == "audit", last=self.is_last(r),
@@ -108,14 +132,18 @@ class RungJudge:
         (``margin``: that of these trials, when the caller has it)."""
         m = margin or self.margin_for(r, [trials[e.trial_id] for e in entries if e.trial_id in trials])
         reads_sweep = self.rule.reads_previous_look
+        if previous is None and reads_sweep:
+            self._half_first_rung([trials[e.trial_id] for e in entries if e.trial_id in trials])
         out = []
         for e in entries:
             rec = trials.get(e.trial_id)
             before = previous.entries.get(e.trial_id) if previous is not None else None
             prior = before.candidate() if before is not None else None
             if prior is None and previous is None and reads_sweep and rec is not None and rec.history:
-                prior = self._half_first_rung(rec)
-            history = tuple(p for p in (rec.history if rec is not None else ()) if p[0] <= e.train_fraction + 1e-12)
+                prior = self._half_first.get(rec.trial_id)
+            points = rec.history if rec is not None else []
+            # The points up to the rung's (t̂ increases along a history): a bisection, not a walk.
+            history = tuple(points[:bisect.bisect_right(points, e.train_fraction + 1e-12, key=lambda p: p[0])])
             out.append(TrialEvidence(e.candidate(), prior, e.residual, history))
         return RungEvidence.of(m, self.rungs[r], last=self.is_last(r), reduction_factor=self.reduction_factor,
                                trials=out)
@@ -145,6 +173,12 @@ class RungJudge:
         evidence), written into their entries and the rung; returns the trials to stop (audit:
         none, each marked ``would_stop_at``; a finished trial is not stopped)."""
         r = rung.index
+        # The waiting trials' predictions, made now in one batch (``waiting_entry``): each from
+        # its history up to the rung, which waiting does not change.
+        for e, fresh in zip(participants, self.entries([trials[e.trial_id] for e in participants], r)):
+            e.train_fraction, e.smoothed_loss, e.n_points = fresh.train_fraction, fresh.smoothed_loss, fresh.n_points
+            e.predicted_final_loss, e.uncertainty, e.residual = fresh.predicted_final_loss, fresh.uncertainty, fresh.residual
+            e.reason = fresh.reason
         ev = self.evidence(r, participants, trials, previous)
         decision = self.rule.decide(ev)
         to_stop: list[TrialRecord] = []

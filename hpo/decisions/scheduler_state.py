@@ -408,6 +408,7 @@ class HistoryLog:
         self.path = Path(path)
         self._buffer: list[str] = []
         self._names: dict[str, str] = {}  # trial id -> its JSON string
+        self._tail_checked = False  # whether the file's last line (a killed writer's) was checked
 
     def append(self, trial_id: str, t: float, value: float) -> None:
         # json.dumps([trial_id, t, value]) written out (a call per result was a tenth of the
@@ -422,9 +423,26 @@ class HistoryLog:
         if not self._buffer and not start:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A driver killed during a write leaves its last line cut short, without its newline:
+        # the first line appended after a resume would be glued to it and lost with it at the
+        # next replay. End the torn line first (replay skips it, as it did before).
+        torn = not start and not self._tail_checked and self._ends_torn()
+        self._tail_checked = True
         with open(self.path, "w" if start else "a", encoding="utf-8") as handle:
-            handle.write("".join(self._buffer))
+            handle.write(("\n" if torn else "") + "".join(self._buffer))
         self._buffer.clear()
+
+    def _ends_torn(self) -> bool:
+        """The file exists and does not end with a newline (its last write was cut)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(0, 2)
+                if handle.tell() == 0:
+                    return False
+                handle.seek(-1, 2)
+                return handle.read(1) != b"\n"
+        except OSError:
+            return False
 
     def replay_into(self, state: "SchedulerState") -> None:
         """Rebuild every trial's history from the log (a torn last line is ignored)."""
@@ -506,6 +524,10 @@ class StateStore:
         whichever experiment it holds) must be the one it was written by."""
         assert self.path is not None
         state = SchedulerState.load(self.path)
+        # A driver killed during a snapshot write leaves its temporary file (the snapshot itself
+        # is the old one or the new one, never half): one driver per folder, so none is in use.
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
         state.check_compatible(settings, str(self.path))
         if experiment_id is not None and state.experiment_id and state.experiment_id != experiment_id:
             raise ValueError(f"{self.path}: holds experiment {state.experiment_id}, not this scheduler's "

@@ -1,6 +1,7 @@
 """The collapse-residual monitor live in a sweep: a Ray Tune Callback and Stopper.
 
-Every trial result extends the trial's curve (t̂, smoothed loss); once the trial is past its
+Every trial result extends the trial's curve (t̂, the smoothed loss or, for a predictor fitted on
+it, the validation loss); once the trial is past its
 alignment window, its residual r (``predictors.monitor``) is logged to the trial's MLflow run
 as the step metric ``collapse_residual``. The first alarm is printed, tagged on the trial's
 run (``monitor_alarm``: the t̂ it was raised at, ``monitor_alarm_direction``) and, only when the
@@ -23,6 +24,7 @@ from ray import tune
 
 from predictors import Controls, Predictor
 from predictors.monitor import MonitorResult, monitor_curve
+from predictors.run_keys import METRIC_COLUMNS
 
 RESIDUAL_METRIC = "collapse_residual"
 ALARM_TAG = "monitor_alarm"
@@ -44,14 +46,17 @@ class TrialMonitor:
     def __init__(self, predictor: Predictor) -> None:
         self.predictor = predictor
         self.band = predictor.monitor_band
+        # The curve the predictor was fitted on (the sweep refuses one fitted on another metric
+        # than its scheduler.metric): the smoothed training loss, or the validation loss.
+        self.column = METRIC_COLUMNS.get(predictor.metric, "smoothed_loss")
         self.trials: dict[str, _TrialCurve] = {}
 
     def update(self, trial_id: str, result: dict) -> Optional[MonitorResult]:
-        """Add one Tune result (keys ``train_fraction``, ``smoothed_loss`` and the controls the
-        trainable reports) and return the trial's verdict (None before it has one)."""
+        """Add one Tune result (keys ``train_fraction``, ``smoothed_loss`` (or ``val_loss`` for a
+        predictor fitted on it) and the controls the trainable reports) and return the trial's verdict (None before it has one)."""
         state = self.trials.setdefault(trial_id, _TrialCurve())
         t = result.get("train_fraction")
-        y = result.get("smoothed_loss")
+        y = result.get(self.column)
         if not (isinstance(t, (int, float)) and isinstance(y, (int, float))) or not (math.isfinite(t) and math.isfinite(y)) or y <= 0:
             return state.result  # a diverged point: the scheduler's divergence rule handles it
         if state.t_hat and t <= state.t_hat[-1]:

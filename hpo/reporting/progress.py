@@ -40,7 +40,8 @@ def render_table(summary: dict[str, Any]) -> Table:
         caption = (f"predicted best: {best['trial_id']} → {_fmt(best['predicted_final_loss'])} "
                    f"± {_fmt(best['uncertainty'])} (t̂ {best['rung']:g})")
     table = Table(title=title, caption=caption, expand=False)
-    for column in ("trial", "config", "t̂", "loss", "pred. final ± σ", "status"):
+    # The loss column is the metric the scheduler decides on (loss or val_loss).
+    for column in ("trial", "config", "t̂", str(summary.get("metric") or "loss"), "pred. final ± σ", "status"):
         table.add_column(column)
     for trial_id, trial in summary.get("trials", {}).items():
         predicted = trial.get("predicted_final_loss")

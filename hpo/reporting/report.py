@@ -22,6 +22,7 @@ from hpo.reporting.analysis import CSV_COLUMNS, RULE_LABELS, Analysis, Report, a
 from hpo.reporting.plots import plot_curves, plot_normalized, plot_regret, plot_rung_predictions
 from hpo.common.tables import markdown_table
 from predictors.io import atomic_write_text, atomic_write_with, finite_or_none
+from predictors.run_keys import METRIC_WORDS
 
 REPORT_DIR = "report"
 
@@ -121,6 +122,10 @@ def _summary_section(report: Report, analysis: Optional[Analysis]) -> list[str]:
     if state and state.updated_at:
         lines.append(f"- State updated at: {state.updated_at}")
     lines.append(f"- Scheduler mode: {mode}; trials: {sum(report.status_counts.values())} ({counts})")
+    if state and state.settings.get("metric"):
+        metric = str(state.settings["metric"])
+        lines.append(f"- Decided on: `{metric}` ({METRIC_WORDS.get(metric, 'the reported metric')}); every loss "
+                     "below is that metric")
     if state:
         decided = sum(1 for r in state.rungs if r.decided)
         lines.append(f"- Rungs: {', '.join(f'{r.fraction:g}' for r in state.rungs) or 'none'} "

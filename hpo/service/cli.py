@@ -89,6 +89,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"{directory}: not a sweep output directory (no scheduler_state.json)")
     report = write_report(directory)
     print_report(report)
+    from hpo.service.sweep import upload_pending
+
+    sent = upload_pending(directory.resolve())  # what the sweep could not send to its server
+    if sent:
+        print(sent)
     return 0
 
 
@@ -115,6 +120,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             check_safe_name(config.name)
         except ValueError as exc:
             raise ConfigError(f"name: {exc}") from None
+        if args.from_mlflow and args.metric in ("loss", "val_loss"):
+            # A sweep's runs log both losses: the predictor records the one it was fitted on
+            # (predictors.run_keys.METRIC_COLUMNS), which a sweep deciding on it must match.
+            config.metric = args.metric
         preflight_outputs(config)  # before the curves are read and fitted (minutes for a large file)
         try:
             if args.from_curves:
@@ -398,7 +407,8 @@ def _add_calibrate_parser(sub: Any) -> None:
     calibrate.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="calibrate on the runs of an MLflow experiment")
     calibrate.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow (default: MLFLOW_TRACKING_URI, "
                                 "else ./mlflow.db or ./mlruns if there)")
-    calibrate.add_argument("--metric", default="loss", help="loss metric name for --from-mlflow (default loss)")
+    calibrate.add_argument("--metric", default="loss", help="loss metric name for --from-mlflow (default loss; loss "
+                                "or val_loss is recorded in the predictor as the metric it was fitted on)")
     calibrate.add_argument("--smoothing-fraction", type=float, default=0.0,
                            help="smooth imported losses over this fraction of each run's tokens (default 0: "
                                 "already smoothed)")
@@ -461,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--address", help="Ray cluster address")
     resume.set_defaults(func=_cmd_resume)
 
-    report = sub.add_parser("report", help="write and print the report of a sweep")
+    report = sub.add_parser("report", help="write and print the report of a sweep (and send MLflow records "
+                            "its tracking server was away for)")
     report.add_argument("output_dir", help="a sweep's output directory (holds scheduler_state.json)")
     report.set_defaults(func=_cmd_report)
     _add_monitor_parser(sub)

@@ -35,6 +35,7 @@ from hpo.trials.sweep_config import SweepConfig, load_sweep_config
 from hpo.tracking.uri import (LOCAL_UI, TrackingUriError, check_tracking_uri, experiment_page, is_relative_sqlite,
                               strip_credentials, use_credentials)
 from predictors.io import atomic_write_bytes, atomic_write_text
+from predictors.run_keys import METRIC_WORDS
 
 STATE_FILE = "scheduler_state.json"
 CONFIG_FILE = "sweep.yaml"
@@ -134,8 +135,10 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
 # ----------------------------------------------------------------------------- checks (no writes)
 
 
-def check_predictor(path: Path, field: str = "predictor") -> None:
-    """Refuse a predictor path that is missing, a directory, or not a valid predictor file."""
+def check_predictor(path: Path, field: str = "predictor", metric: Optional[str] = None) -> None:
+    """Refuse a predictor path that is missing, a directory, or not a valid predictor file, and
+    (``metric``: the sweep's ``scheduler.metric``) one fitted on another metric: its shape, its
+    stated errors and its ranking scales were measured on that curve, not on this one."""
     if not path.exists():
         raise ConfigError(f"{field}: {path}: no such file")
     if path.is_dir():
@@ -143,10 +146,14 @@ def check_predictor(path: Path, field: str = "predictor") -> None:
     from predictors import Predictor
 
     try:
-        Predictor.load(path)
+        predictor = Predictor.load(path)
     except (ValueError, OSError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
         message = " ".join(str(exc).split())
         raise ConfigError(f"{field}: {message if str(path) in message else f'{path}: {message}'}") from None
+    if metric is not None and predictor.metric != metric:
+        raise ConfigError(f"{field}: {path} was fitted on {predictor.metric} ({METRIC_WORDS.get(predictor.metric, '?')}), "
+                          f"but scheduler.metric is {metric}; calibrate one on it (`hpo calibrate` with "
+                          f"metric: {metric}) or set scheduler.metric: {predictor.metric}")
 
 
 def _check_tracking(config: SweepConfig) -> None:
@@ -180,7 +187,7 @@ def preflight_portable(config: SweepConfig) -> None:
     and the tracking URI works. ``hpo submit`` runs them (after the same ``load_sweep_config``)
     on the client, before anything reaches the cluster; the output-directory checks run on the
     cluster, where the directory is."""
-    check_predictor(config.predictor_path())
+    check_predictor(config.predictor_path(), metric=config.scheduler.metric)
     _check_tracking(config)
 
 
@@ -261,7 +268,7 @@ def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
         raise ConfigError(f"{output}: nothing to resume: no Ray experiment state in {experiment} (the sweep "
                           "ended before Ray saved any); start it again with `hpo sweep` (same config and "
                           "output_dir), or into a new output_dir")
-    check_predictor(output / PREDICTOR_FILE)
+    check_predictor(output / PREDICTOR_FILE, metric=config.scheduler.metric)
     if (output / STATE_FILE).exists():
         from hpo.decisions.scheduler_state import SchedulerState
 
@@ -362,6 +369,8 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
               "search": config.search.model_dump(exclude_none=True),
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):
+        if restore:  # what an earlier driver could not send (its server was away) goes first
+            tracker.upload_pending()
         job_id = os.environ.get(JOB_ID_ENV)
         if job_id:  # submitted with `hpo submit`: clients find this run by the job id
             tracker.tag_parent({JOB_TAG: job_id})
@@ -382,7 +391,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         progress = SweepProgress(scheduler, announcer=announcer, slots=slot_use.slots)
         result_log = MlflowResultLog(tracker)  # first of the stoppers: before the scheduler sees a result
         mlflow_cb = MlflowSweepCallback(tracker, scheduler.trial_verdict, scheduler.latest_prediction,
-                                        result_log=result_log)
+                                        result_log=result_log, metric=config.scheduler.metric)
         monitor_cbs, monitor_stopper = _monitor(config, predictor, tracker)
         stopper = LiveStopper(CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log)
         # What tune.run makes its Experiment of (a rebuilt searcher is handed the same one).
@@ -513,8 +522,40 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     diverged = diverged_trials(state)
     all_diverged = bool(state.get("trials")) and len(diverged) == len(state["trials"])
     tracker.finish_parent("KILLED" if interrupted else "FAILED" if errors or all_diverged else "FINISHED")
+    waiting = tracker.upload_pending()
+    if waiting:
+        print(pending_line(output, waiting, tracker.tracking_uri), flush=True)
     return {"report": report, "errors": errors, "diverged": diverged, "all_diverged": all_diverged,
-            "interrupted": interrupted}
+            "interrupted": interrupted, "mlflow_pending": waiting}
+
+
+def pending_line(output: Path, waiting: int, tracking_uri: str) -> str:
+    """What to do about MLflow records still waiting in the sweep folder."""
+    from hpo.tracking.outbox import PENDING_FILE
+
+    return (f"MLflow server at {strip_credentials(tracking_uri)} unreachable: {waiting} records wait in "
+            f"{output / PENDING_FILE}; `hpo report {output}` sends them once it answers")
+
+
+def upload_pending(output: Path) -> Optional[str]:
+    """``hpo report``: send the MLflow records a sweep could not (its server was away), to the
+    tracking URI and experiment of its ``sweep.yaml``; a line saying what happened, or None when
+    nothing was waiting."""
+    from hpo.tracking.outbox import PENDING_FILE
+    from hpo.tracking.runs import SweepTracker
+
+    if not (output / PENDING_FILE).exists():
+        return None
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line, not one per run ended
+    raw = read_yaml(str(output / CONFIG_FILE))
+    raw.update(output_dir=str(output), predictor=str(output / PREDICTOR_FILE))
+    config = load_sweep_config(data=raw, source=str(output / CONFIG_FILE))
+    tracker = SweepTracker(use_credentials(config.tracking_uri()), config.mlflow.experiment, output, config.name)
+    before = len(tracker.client.queued)
+    waiting = tracker.upload_pending()
+    if waiting:
+        return pending_line(output, waiting, tracker.tracking_uri)
+    return f"MLflow: {before} records that had waited in {output / PENDING_FILE} sent to {tracker.tracking_uri}"
 
 
 def mlflow_location(tracking_uri: str, experiment: str, experiment_id: str) -> dict[str, str]:

@@ -47,6 +47,7 @@ from ray import tune
 from hpo.common.errors import InputError
 from hpo.decisions.early_answer import config_words, early_answer_text, order_line
 from hpo.decisions.scheduler_records import TERMINAL_STATUSES, TrialStatus
+from hpo.tracking.outbox import PENDING_FILE, OutboxClient, is_placeholder, unreachable
 from hpo.tracking.uri import sqlite_path, strip_credentials
 from predictors import run_keys
 from predictors.io import atomic_write_json, dumps
@@ -159,6 +160,7 @@ class SweepTracker:
         self._experiment_id: Optional[str] = None
         self._reopened: set[str] = set()  # child runs set RUNNING again in this driver run
         self._created: set[str] = set()  # child runs created by this driver run (no history before it)
+        self._unread_history: set[str] = set()  # runs whose history the server was away to give
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -166,14 +168,30 @@ class SweepTracker:
         return state
 
     @property
-    def client(self) -> Any:
+    def client(self) -> OutboxClient:
+        """The sweep's MLflow client: writes the server cannot take wait in the sweep folder
+        (``hpo.tracking.outbox``) and the sweep goes on."""
         if self._client is None:
+            import os
+
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            # Fail fast when the server is away (MLflow's default retries a request for about
+            # four minutes, the sweep's driver stalled meanwhile): the write is queued instead.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+            self._client = OutboxClient(MlflowClient(tracking_uri=self.tracking_uri), self.output_dir / PENDING_FILE,
+                                        self.tracking_uri, self._create_queued_child)
             if self._ids_path.exists():
                 self._ids = json.loads(self._ids_path.read_text())
         return self._client
+
+    def upload_pending(self) -> int:
+        """Send the writes waiting in the sweep folder now (``hpo report``, the sweep's start and
+        end); returns how many are still waiting (0: none, or all sent)."""
+        client = self.client
+        client.replay(force=True)
+        return len(client.queued)
 
     def _save_ids(self) -> None:
         atomic_write_json(self._ids_path, self._ids, indent=1)
@@ -325,17 +343,38 @@ class SweepTracker:
 
     def child_run_id(self, trial_id: str, trial_name: str) -> str:
         client = self.client
-        run_id = self._ids["trials"].get(trial_id) or self._find_child(trial_id)
+        run_id = self._ids["trials"].get(trial_id)
         if run_id is None:
-            run = client.create_run(
-                self.experiment_id(), run_name=trial_name,
-                tags={"mlflow.parentRunId": self.parent_run_id(), "trial_id": trial_id,
-                      "status": str(TrialStatus.RUNNING)},
-            )
-            run_id = run.info.run_id
+            entry = {"trial_id": trial_id, "experiment_id": self.experiment_id(), "run_name": trial_name,
+                     "tags": {"mlflow.parentRunId": self.parent_run_id(), "trial_id": trial_id,
+                              "status": str(TrialStatus.RUNNING)},
+                     "start_time": int(time.time() * 1000)}
+            if client.queued:  # the server is away: the run is created when the queue is sent
+                run_id = client.queue_child(entry)
+            else:
+                try:
+                    run_id = self._create_queued_child(entry, save=False)
+                except Exception as exc:
+                    if not unreachable(exc):
+                        raise
+                    client._went_away(exc)
+                    run_id = client.queue_child(entry)
             self._created.add(run_id)
         if self._ids["trials"].get(trial_id) != run_id:
             self._ids["trials"][trial_id] = run_id
+            self._save_ids()
+        return run_id
+
+    def _create_queued_child(self, entry: dict[str, Any], save: bool = True) -> str:
+        """The run of a trial (``entry``: what :meth:`child_run_id` knew when it was first
+        needed): the one already tagged with its trial id under the parent, else a new one."""
+        run_id = self._find_child(entry["trial_id"])
+        if run_id is None:
+            run_id = self.client.client.create_run(entry["experiment_id"], start_time=entry["start_time"],
+                                                   tags=entry["tags"], run_name=entry["run_name"]).info.run_id
+        self._created.add(run_id)
+        if save and self._ids["trials"].get(entry["trial_id"]) != run_id:
+            self._ids["trials"][entry["trial_id"]] = run_id
             self._save_ids()
         return run_id
 
@@ -344,16 +383,47 @@ class SweepTracker:
         run_id = self.child_run_id(trial_id, trial_name)
         if run_id not in self._reopened:
             self._reopened.add(run_id)
-            if self.client.get_run(run_id).info.status != "RUNNING":
+            if run_id not in self._created and self._status(run_id) != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
         return run_id
+
+    def _status(self, run_id: str) -> Optional[str]:
+        """A run's status; None while its creation is queued or the server is away."""
+        if is_placeholder(run_id):
+            return None
+        try:
+            return self.client.get_run(run_id).info.status
+        except Exception as exc:
+            if unreachable(exc):
+                return None
+            raise
+
+    def history_unknown(self, run_id: str) -> bool:
+        """Whether this driver could not read the run's metric history (the server was away):
+        its points are then sent without those of a step already there."""
+        return run_id in self._unread_history
 
     def last_logged_step(self, run_id: str, metric: str = "loss") -> int:
         """The highest step of ``metric`` in a child run's history (-1: none); no request for
         a run this driver created."""
         if run_id in self._created:
             return -1
-        return max((m.step for m in self.client.get_metric_history(run_id, metric)), default=-1)
+        try:
+            return max((m.step for m in self.client.get_metric_history(run_id, metric)), default=-1)
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            self._unread_history.add(run_id)
+            return -1
+
+    def params_of(self, run_id: str) -> dict[str, str]:
+        """The params a run has ({} while the server is away)."""
+        try:
+            return dict(self.client.get_run(run_id).data.params)
+        except Exception as exc:
+            if unreachable(exc):
+                return {}
+            raise
 
     def close_child(self, trial_id: str, verdict: str, status: str = "FINISHED") -> None:
         run_id = self.child_run_id(trial_id, trial_id)
@@ -368,14 +438,14 @@ class SweepTracker:
             record = trials.get(trial_id)
             if record is None or record.get("status") not in FINISHED_STATUSES:
                 continue
-            if self.client.get_run(run_id).info.status == "RUNNING":
+            if self._status(run_id) in ("RUNNING", None):
                 self.close_child(trial_id, verdict(record), "FAILED" if record.get("status") == TrialStatus.ERROR else "FINISHED")
                 closed += 1
         return closed
 
     def close_open_children(self, status: str) -> None:
         for run_id in self._ids["trials"].values():
-            if self.client.get_run(run_id).info.status == "RUNNING":
+            if self._status(run_id) in ("RUNNING", None):
                 self.client.set_terminated(run_id, status=status)
 
 
@@ -521,7 +591,7 @@ class MlflowResultLog(tune.Stopper):
                    if isinstance(result.get(key), (int, float)) and not isinstance(result.get(key), bool)
                    and math.isfinite(float(result[key]))]
         if metrics:
-            self.tracker.client.log_batch(run_id, metrics=metrics)
+            self.tracker.client.log_batch(run_id, metrics=metrics, after_history=self.tracker.history_unknown(run_id))
         self._last_step[trial_id] = step
         self.logged[trial_id] = step
         return False
@@ -538,12 +608,16 @@ class MlflowSweepCallback(tune.Callback):
         trial_status: maps a trial id to its verdict (``completed``,
             ``stopped_at_<fraction>``, ``diverged``), normally the scheduler's view.
         predicted_final: maps a trial id to its latest predicted final loss, or None.
+        metric: the sweep's ``scheduler.metric``; the ``final_loss`` logged at the end is its
+            last value (the smoothed training loss, or the validation loss).
     """
 
     def __init__(self, tracker: SweepTracker, trial_status: Callable[[str], str],
                  predicted_final: Callable[[str], Optional[float]] = lambda _: None,
-                 result_log: Optional[MlflowResultLog] = None) -> None:
+                 result_log: Optional[MlflowResultLog] = None, metric: str = "loss") -> None:
         self.tracker = tracker
+        # The sweep's scheduler.metric: its curve's last point is the trial's final_loss.
+        self.final_column = run_keys.METRIC_COLUMNS.get(metric, "smoothed_loss")
         self.trial_status = trial_status
         self.predicted_final = predicted_final
         # With a result log (the sweep's stopper), the reported metrics are logged there, before
@@ -567,7 +641,9 @@ class MlflowSweepCallback(tune.Callback):
             named = {p.key for p in params}
             params += [Param(str(k), _param_value(v)) for k, v in (trial.config or {}).items()
                        if not str(k).startswith("_") and str(k) not in named]
-            existing = client.get_run(run_id).data.params
+            # A run this driver made has none yet; a server that is away: log them all (the
+            # same value logged again is no change).
+            existing = {} if run_id in self.tracker._created else self.tracker.params_of(run_id)
             params = [p for p in params if p.key not in existing]
             if params:
                 client.log_batch(run_id, params=params)
@@ -595,7 +671,7 @@ class MlflowSweepCallback(tune.Callback):
     def _close(self, trial: Any, failed: bool) -> None:
         status = TrialStatus.ERROR if failed else self.trial_status(trial.trial_id)
         last = getattr(trial, "last_result", None) or {}
-        final = last.get("smoothed_loss")
+        final = last.get(self.final_column)
         if (status == TrialStatus.COMPLETED and isinstance(final, (int, float)) and math.isfinite(float(final))
                 and float(last.get("train_fraction", 0.0)) >= 1.0 - 1e-9):
             # The one final loss (predictors.smoothing.FINAL_LOSS_DEFINITION) as its own metric.

@@ -29,6 +29,7 @@ from hpo.common.overrides import (
 from hpo.decisions.rules import DEFAULT_MARGIN_Z, DEFAULT_RUNGS
 from hpo.decisions.scheduler_contract import check_rungs
 from predictors.equations import power_lines_tau
+from predictors.run_keys import METRIC_COLUMNS
 from trainers.config import TrainConfig, refuse_bool_number
 
 #: MLflow's longest experiment name (its server refuses longer ones with an MlflowException).
@@ -110,7 +111,11 @@ class SchedulerSettings(_Strict):
     # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
     # the top ceil(n/rf) only if it could still end better than the best by more than this.
     tolerance: Optional[float] = Field(None, ge=0)
-    metric: str = "loss"
+    # The loss the scheduler aligns and ranks on (predictors.run_keys.METRIC_COLUMNS): "loss",
+    # the smoothed training loss; "val_loss", the loss on the trainer's fixed held-out windows,
+    # evaluated at every report (trainer.eval_every defaults to log_every then). The predictor
+    # must have been fitted on the same metric (hpo calibrate's metric).
+    metric: Literal["loss", "val_loss"] = "loss"
     # The keep rule (hpo.decisions.keep): "collapse" (default: predicted finals, margin_z), or a
     # baseline to compare against on the same sweep: "asha", "current-best", "paired-test".
     rule: Literal["collapse", "asha", "current-best", "paired-test"] = "collapse"
@@ -131,6 +136,14 @@ class SchedulerSettings(_Strict):
         if not value > 1.0:
             raise ValueError("must be > 1")
         return value
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _metric(cls, value: Any) -> Any:
+        if value in METRIC_COLUMNS:
+            return value
+        raise ValueError(f"must be one of {', '.join(METRIC_COLUMNS)} (the smoothed training loss, the validation "
+                         f"loss), got {value!r}")
 
     @field_validator("margin", mode="before")
     @classmethod
@@ -332,6 +345,10 @@ class SweepConfig(_Strict):
     def base_trainer(self) -> dict[str, Any]:
         """The trainer section with ``tau: power_lines`` resolved to a number."""
         base = copy.deepcopy(self.trainer)
+        if self.scheduler.metric == "val_loss" and base.get("eval_every") is None:
+            # Deciding on the validation loss: every report carries one (a report without it
+            # would read as a diverged trial).
+            base["eval_every"] = base.get("log_every", TrainConfig.model_fields["log_every"].default)
         if base.get("tau") == "power_lines":
             tpp = base.get("tokens_per_param", TrainConfig.model_fields["tokens_per_param"].default)
             base["tau"] = power_lines_tau(float(tpp))
@@ -344,6 +361,19 @@ class SweepConfig(_Strict):
         ``tau`` overrides it.
         """
         return merge_trial(self.base_trainer(), overrides)
+
+
+def check_dense_validation(trainers: list[dict[str, Any]], source: str, field: str = "scheduler.metric") -> None:
+    """Deciding on (or fitting) the validation loss needs one at every report: the trainer
+    evaluates every ``eval_every`` steps, at a log boundary, so ``eval_every`` <= ``log_every``
+    puts a val_loss in every report. Refuse, in one line, a trainer config that would report
+    without one."""
+    default_log = TrainConfig.model_fields["log_every"].default
+    for trainer in trainers:
+        every, log = trainer.get("eval_every"), trainer.get("log_every", default_log)
+        if every is None or (isinstance(every, (int, float)) and isinstance(log, (int, float)) and every > log):
+            raise ConfigError(f"{source}: {field}: val_loss needs a validation loss at every report; set "
+                              f"trainer.eval_every to at most trainer.log_every ({log}) or leave it out, got {every}")
 
 
 def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dict] = None,
@@ -364,6 +394,8 @@ def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dic
         raise ConfigError(format_validation_error(exc, source)) from None
     if config.base_trainer().get("tau") == "power_lines":  # pragma: no cover - resolved above
         raise ConfigError(f"{source}: trainer.tau: power_lines could not be resolved")
+    if config.scheduler.metric == "val_loss":
+        check_dense_validation([config.base_trainer()], source)
     grid = math.prod(len(d.grid) for d in config.search_space.values() if d.grid is not None)
     if config.num_samples * grid > config.limits.max_trials:
         raise ConfigError(f"{source}: num_samples: {config.num_samples} x {grid} grid point(s) = "
