@@ -129,6 +129,58 @@ def test_an_optuna_sweep_tells_tpe_the_predicted_finals_of_its_stopped_trials(op
         assert rec.config["lr"] == pytest.approx(told[tid].params["lr"])
 
 
+def _ray_experiment_state(experiment: Path, trials: list[tuple[str, float, str]]) -> None:
+    """An experiment state file as Ray Tune writes it, reduced to what a rebuild reads."""
+    import json
+
+    experiment.mkdir(parents=True)
+    data = [[json.dumps({"trial_id": tid, "evaluated_params": {"lr": lr}, "status": status}), "{}"]
+            for tid, lr, status in trials]
+    (experiment / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": data}))
+
+
+def test_a_searcher_without_saved_state_is_rebuilt_from_the_recorded_trials(tmp_path: Path) -> None:
+    """No searcher state saved with the experiment: TPE is told every ended trial (a stopped
+    one its predicted final), the trial Ray resumes is registered as running and its result
+    reaches TPE, the counter starts at the trials already created, and the first suggestion is
+    not the first sweep's first suggestion again (the same seed would repeat it)."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from hpo.trials.search import RebuiltSearchGenerator, resume_search_alg
+
+    settings = SearchSettings(algorithm="optuna", seed=0, max_concurrent=2)
+    space = {"lr": tune.loguniform(0.0025, 0.16)}
+    fresh = build_search_alg(settings, lambda _: None, 2)
+    fresh.set_search_properties("loss", "min", space)
+    first_lr = fresh.suggest("first")["lr"]  # what the first sweep ran first
+    experiment = tmp_path / "ray" / "tiny"
+    _ray_experiment_state(experiment, [("a", first_lr, "TERMINATED"), ("b", 0.05, "TERMINATED"),
+                                       ("c", 0.01, "RUNNING")])
+    records = {"a": TrialRecord("a", status=TrialStatus.COMPLETED, final_metric=2.0, history=[[1.0, 2.0]]),
+               "b": TrialRecord("b", status=TrialStatus.STOPPED, history=[[0.2, 3.0]],
+                                latest_prediction={"final_loss": 2.5}),
+               "c": TrialRecord("c", status=TrialStatus.RUNNING, history=[[0.2, 2.9]])}
+    alg, line = resume_search_alg(settings, stopped_prediction(_scheduler(**records)), experiment, records, 4, 2,
+                                  lambda: tune.Experiment("tiny", lambda config: None, num_samples=4))
+    assert isinstance(alg, RebuiltSearchGenerator)
+    assert line.startswith("search: Optuna TPE rebuilt from the recorded results")
+    assert "2 trials told (1 stopped ones with their predicted finals" in line and "3 of 4 suggested" in line
+    alg.set_search_properties("loss", "min", space)
+    base = alg.searcher.searcher.searcher
+    assert isinstance(base, OptunaSearch)
+    by_lr = {round(t.params["lr"], 12): t for t in base._ot_study.trials}
+    assert by_lr[round(first_lr, 12)].value == pytest.approx(2.0)
+    assert by_lr[round(0.05, 12)].value == pytest.approx(2.5)  # the predicted final, not 3.0 at the stop
+    assert by_lr[round(0.01, 12)].state.name == "RUNNING"
+    trial = alg.next_trial()  # one slot free: c resumes in the other
+    assert trial is not None and trial.config["lr"] != pytest.approx(first_lr)
+    assert alg.next_trial() is None and alg.is_finished()  # 4 of num_samples 4
+    alg.on_trial_complete("c", {"loss": 1.9})
+    resumed = base._ot_study.trials[by_lr[round(0.01, 12)].number]  # (study.trials are copies)
+    assert resumed.state.name == "COMPLETE" and resumed.value == pytest.approx(1.9)
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -141,11 +193,15 @@ def _told(output: Path) -> list[Any]:
     return [t for t in study.trials if t.state.is_finished()]
 
 
-def test_a_resumed_search_sweep_restores_tpe_and_repeats_no_finished_configuration(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# The rebuild's own behaviour is tested above without a cluster; the lost-state case end to end
+# (a second killed and resumed sweep, ~1-3 min here) runs with the slow tests.
+@pytest.mark.parametrize("searcher_state", ["saved", pytest.param("lost", marks=pytest.mark.slow)])
+def test_a_resumed_search_sweep_restores_or_rebuilds_tpe_and_repeats_no_finished_configuration(
+        searcher_state: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Kill the driver once TPE has been told a trial, resume: the searcher comes back from the
-    state Ray saved (a fresh one, seeded the same, would suggest the same first learning rates
-    again), every trial is accounted for, and no finished configuration runs twice."""
+    state Ray saved, or, with that state removed, is rebuilt from the recorded trials (a fresh
+    one, seeded the same, would suggest the same first learning rates again); every trial is
+    accounted for, num_samples counts across the resume, and no finished configuration runs twice."""
     import ray
     import yaml
 
@@ -154,7 +210,8 @@ def test_a_resumed_search_sweep_restores_tpe_and_repeats_no_finished_configurati
 
     output = tmp_path / "out"
     data = tiny_sweep(output, mode="async")
-    data.update(search_space={"lr": {"loguniform": [0.0025, 0.16]}}, num_samples=4,
+    # Six trials, two at a time: the kill after the first told trial comes before the last is suggested.
+    data.update(search_space={"lr": {"loguniform": [0.0025, 0.16]}}, num_samples=6,
                 search={"algorithm": "optuna", "seed": 0, "max_concurrent": 2})
     config_path = tmp_path / "s.yaml"
     config_path.write_text(yaml.safe_dump(data))
@@ -174,7 +231,11 @@ def test_a_resumed_search_sweep_restores_tpe_and_repeats_no_finished_configurati
     told_before = {t.params["lr"] for t in _told(output)}
     before = SchedulerState.load(output / "scheduler_state.json").trials
     ended_before = {tid: rec.config["lr"] for tid, rec in before.items() if not rec.alive}
-    assert len(before) < 4  # the kill came before the searcher had suggested every trial
+    assert len(before) < 6  # the kill came before the searcher had suggested every trial
+    if searcher_state == "lost":
+        experiment = output / "ray" / "tiny"
+        for saved in [*experiment.glob("searcher-state-*.pkl"), *experiment.glob("search_gen_state-*.json")]:
+            saved.unlink()
 
     try:
         outcome = resume_sweep(output)
@@ -182,9 +243,13 @@ def test_a_resumed_search_sweep_restores_tpe_and_repeats_no_finished_configurati
         ray.shutdown()
     assert outcome["errors"] == [] and not outcome["interrupted"]
     printed = capsys.readouterr().out
-    assert "search: Optuna TPE restored from the state saved with the experiment (not rebuilt)" in printed
+    if searcher_state == "saved":
+        assert "search: Optuna TPE restored from the state saved with the experiment (not rebuilt)" in printed
+    else:
+        assert "search: Optuna TPE rebuilt from the recorded results" in printed
+        assert " of 6 suggested" in printed
     after = SchedulerState.load(output / "scheduler_state.json").trials
-    assert len(after) == 4 and all(not rec.alive for rec in after.values())  # none lost, num_samples in all
+    assert len(after) == 6 and all(not rec.alive for rec in after.values()), printed  # none lost, num_samples in all
     assert set(ended_before) <= set(after)  # the trials ended before the kill kept, not run again
     new = [rec.config["lr"] for tid, rec in after.items() if tid not in before]
     assert new and not any(lr == pytest.approx(old) for lr in new for old in told_before | set(ended_before.values()))

@@ -33,6 +33,20 @@ def test_the_grid_bank_is_a_table_of_every_configuration_and_seed(grid: search.G
     assert grid.sigma_seed > 0 and grid.best == min(grid.true_value.values())
 
 
+def test_the_main_bank_is_a_grid_of_fifty_configurations_over_lr_decay_and_batch() -> None:
+    grid = search.load_grid(search.DEFAULT_BANKS[0])
+    assert set(grid.values) == {"lr", "weight_decay", "batch_size"} and grid.values["batch_size"] == [1024, 2048]
+    assert len(grid.true_value) == 50 and len(grid.seeds) == 3
+    assert all(set(by_seed) == set(grid.seeds) for by_seed in grid.runs.values())
+
+
+def test_a_missing_bank_exits_2_before_any_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        search.main(["--bank", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "search.md")])
+    assert exit_info.value.code == 2 and "none.parquet: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "search.md").exists()
+
+
 @pytest.mark.parametrize("predicted", [True, False])
 def test_tpe_with_collapse_is_told_predicted_finals_or_truncated_losses(grid, predictor, predicted: bool) -> None:
     build = search.methods(predictor, grid)["tpe+collapse (predicted)" if predicted else "tpe+collapse (truncated)"]

@@ -23,7 +23,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
@@ -394,24 +394,26 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
                                         result_log=result_log, metric=config.scheduler.metric)
         monitor_cbs, monitor_stopper = _monitor(config, predictor, tracker)
         stopper = LiveStopper(CombinedStopper(result_log, monitor_stopper) if monitor_stopper else result_log)
-        search_alg = _search_alg(config, scheduler, slot_use.slots)
-        if restore:
-            from hpo.trials.search import describe_restored_search
-
-            print(describe_restored_search(config.search, output / "ray" / config.name, config.num_samples), flush=True)
-        analysis = tune.run(
-            _trainable(config),
+        # What tune.run makes its Experiment of (a rebuilt searcher is handed the same one).
+        experiment = dict(
             name=config.name, storage_path=str(output / "ray"),
-            metric=config.scheduler.metric, mode="min",
             config=_search_space(config), num_samples=config.num_samples,
-            scheduler=scheduler, search_alg=search_alg,  # the search algorithm holds the concurrency limit
-            trial_dirname_creator=short_trial_dirname, reuse_actors=True, verbose=0,
-            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs], stop=stopper,
+            trial_dirname_creator=short_trial_dirname, stop=stopper,
             # No checkpoint at end: the trainable writes its own final checkpoint before its
             # last result leaves the worker (hpo.trials.trainable).
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=25,
                                                     checkpoint_at_end=False),
-            max_failures=1, raise_on_failed_trial=False,
+            max_failures=1)
+        search_alg = _search_alg(config, scheduler, slot_use.slots,
+                                 (output, lambda: tune.Experiment(run=_trainable(config), **experiment))
+                                 if restore else None)
+        analysis = tune.run(
+            _trainable(config), **experiment,
+            metric=config.scheduler.metric, mode="min",
+            scheduler=scheduler, search_alg=search_alg,  # the search algorithm holds the concurrency limit
+            reuse_actors=True, verbose=0,
+            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs],
+            raise_on_failed_trial=False,
             resume_config=(ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME,
                                         errored=ResumeConfig.ResumeType.RESUME) if restore else None),
         )
@@ -419,21 +421,33 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     return {"output": str(output), **outcome, "slot_use": slot_use.utilisation(), "mlflow": mlflow_where}
 
 
-def _search_alg(config: SweepConfig, scheduler: Any, slots: int) -> Any:
+def _search_alg(config: SweepConfig, scheduler: Any, slots: int,
+                resumed: Optional[tuple[Path, Callable[[], Any]]] = None) -> Any:
     """The sweep's search algorithm (``hpo.trials.search``), holding the concurrency limit.
 
     In sync mode Ray counts PAUSED trials as live, so a limit would leave only that many trials
     at the first rung: concurrency then comes from per-trial resources alone, unless the user
     set ``search.max_concurrent``. A model-based searcher without one is limited to the
     cluster's trial slots, so that each trial is suggested when a slot frees (after the
-    results before it), not all ``num_samples`` up front."""
-    from hpo.trials.search import build_search_alg, stopped_prediction
+    results before it), not all ``num_samples`` up front.
+
+    ``resumed``: a resumed sweep's directory and its ``tune.Experiment`` maker: the searcher is
+    restored by Ray from its saved state, or rebuilt from the recorded trials where none was
+    saved (``hpo.trials.search.resume_search_alg``); the line saying which is printed."""
+    from hpo.trials.search import build_search_alg, resume_search_alg, stopped_prediction
 
     max_concurrent = config.search.max_concurrent or (
         config.ray.max_concurrent_trials if config.scheduler.mode != "sync" else None)
     if config.search.algorithm == "optuna" and max_concurrent is None:
         max_concurrent = slots
-    return build_search_alg(config.search, stopped_prediction(scheduler), max_concurrent)
+    if resumed is None:
+        return build_search_alg(config.search, stopped_prediction(scheduler), max_concurrent)
+    output, make_experiment = resumed
+    search_alg, line = resume_search_alg(config.search, stopped_prediction(scheduler),
+                                         output / "ray" / config.name, scheduler.state.trials,
+                                         config.num_samples, max_concurrent, make_experiment)
+    print(line, flush=True)
+    return search_alg
 
 
 def restore_early_answer(output: Path, early: Any, tracker: Any) -> bool:
