@@ -431,17 +431,25 @@ def replace_section(text: str, lines: list[str], title: str = SECTION) -> str:
 
 def refresh(md: Path, work: Path) -> list[dict[str, Any]]:
     """``--only-concurrency``: rerun this section and replace it in the existing report."""
+    return refresh_section(md, work, run_section, section, flag="--only-concurrency", title=SECTION,
+                           json_name="concurrency.json")
+
+
+def refresh_section(md: Path, work: Path, run: Any, render: Any, *, flag: str, title: str,
+                    json_name: str) -> list[dict[str, Any]]:
+    """Rerun one section of the report against its own uninterrupted sweep (``run(work, code, ref,
+    answer)`` gives its rows, ``render(rows, ref, answer, note)`` its lines) and replace it in ``md``;
+    the rows and reference go to ``work/json_name``."""
     began = time.perf_counter()
     code = rel.Code("this branch", rel.REPO_ROOT)
     print("uninterrupted sweep ...", flush=True)
     ref = rel.uninterrupted(work / "uninterrupted", code)
     ref_answer = answer_of(work / "uninterrupted" / "out")
-    results = run_section(work, code, ref, ref_answer)
+    results = run(work, code, ref, ref_answer)
     minutes = (time.perf_counter() - began) / 60
-    note = (f"Regenerated alone with `python benchmarks/reliability.py --only-concurrency` on "
-            f"{time.strftime('%Y-%m-%d')} ({minutes:.0f} min including its own uninterrupted run; the other "
-            "sections are from their last runs).")
-    md.write_text(replace_section(md.read_text(), section(results, ref, ref_answer, note)))
-    (work / "concurrency.json").write_text(json.dumps({"reference": ref, "answer": ref_answer, "cases": results},
-                                                      indent=1, default=str))
+    note = (f"Regenerated alone with `python benchmarks/reliability.py {flag}` on {time.strftime('%Y-%m-%d')} "
+            f"({minutes:.0f} min including its own uninterrupted run; the other sections are from their last runs).")
+    md.write_text(replace_section(md.read_text(), render(results, ref, ref_answer, note), title=title))
+    (work / json_name).write_text(json.dumps({"reference": ref, "answer": ref_answer, "cases": results},
+                                             indent=1, default=str))
     return results

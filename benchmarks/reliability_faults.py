@@ -557,19 +557,7 @@ def section(results: list[dict[str, Any]], ref: dict[str, Any], ref_answer: str,
 
 def refresh(md: Path, work: Path) -> list[dict[str, Any]]:
     """``--only-faults``: rerun this section (with its own uninterrupted run) into the existing report."""
-    import reliability_runs as rel
-    from reliability_concurrency import answer_of, replace_section
+    from reliability_concurrency import refresh_section
 
-    began = time.perf_counter()
-    code = rel.Code("this branch", rel.REPO_ROOT)
-    print("uninterrupted sweep ...", flush=True)
-    ref = rel.uninterrupted(work / "uninterrupted", code)
-    ref_answer = answer_of(work / "uninterrupted" / "out")
-    results = run_section(work, code, ref, ref_answer)
-    minutes = (time.perf_counter() - began) / 60
-    note = (f"Regenerated alone with `python benchmarks/reliability.py --only-faults` on {time.strftime('%Y-%m-%d')} "
-            f"({minutes:.0f} min including its own uninterrupted run; the other sections are from their last runs).")
-    md.write_text(replace_section(md.read_text(), section(results, ref, ref_answer, note), title=SECTION))
-    (work / "faults.json").write_text(json.dumps({"reference": ref, "answer": ref_answer, "cases": results},
-                                                 indent=1, default=str))
-    return results
+    return refresh_section(md, work, run_section, section, flag="--only-faults", title=SECTION,
+                           json_name="faults.json")
