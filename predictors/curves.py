@@ -35,6 +35,31 @@ def rung_cut(t_hat: Any, stop_fraction: float) -> int | None:
     return None if i >= t.size else i + 1
 
 
+#: A curve whose last point is at t̂ ≥ this has reached the end of training, whatever its logging interval.
+COMPLETE_T_HAT = 0.99
+
+
+def reaches_end(t_hat: Any) -> bool:
+    """Whether a run's points reach the end of training: the last point is at t̂ ≥
+    :data:`COMPLETE_T_HAT`, or within one logging interval of t̂ = 1. A run evaluated every 200 of
+    25,000 steps logs its last point at step 24,800 (t̂ 0.992); one evaluated every 200 of 3,000
+    steps ends at t̂ 0.933 and is complete too. The interval is the median spacing of the last ten
+    points, so one odd extra point does not stretch it. This is the project's one test of a
+    complete run: the curve import and the fit both use it.
+
+    Example:
+        >>> reaches_end([0.2, 0.4, 0.6, 0.8, 0.96]), reaches_end([0.2, 0.4, 0.6, 0.75])
+        (True, False)
+    """
+    t = np.asarray(t_hat, dtype=np.float64)
+    if t.size == 0:
+        return False
+    if t[-1] >= COMPLETE_T_HAT:
+        return True
+    spacing = np.diff(t[-11:])
+    return bool(spacing.size > 0 and 1.0 - t[-1] <= float(np.median(spacing)) * (1 + 1e-9))
+
+
 @dataclass(frozen=True, eq=False)
 class Curve:
     """One (smoothed) training-loss curve over the training fraction.

@@ -301,3 +301,17 @@ def test_a_fifo_is_refused_without_opening_it(tmp_path) -> None:
     os.mkfifo(tmp_path / "curves.csv")
     with pytest.raises(CurveImportError, match="curves.csv: is a FIFO"):  # open() would block for ever
         load_curves_file(tmp_path / "curves.csv")
+
+
+def test_a_run_logged_every_200_steps_that_ends_one_interval_before_the_end_is_complete():
+    # 3,000 steps evaluated every 200 from step 100: the last point is at step 2,900 (T - 100),
+    # t̂ 0.967 < 0.99, and within one logging interval of the end: complete. The same run cut
+    # at step 2,500 (two intervals short) is not.
+    steps = np.arange(100, 3000, 200)
+    rows = pd.DataFrame({"run_id": "r", "step": steps, "batch_size": 1000, "loss": 4.0 - steps / 3000,
+                         "tau": 0.5, "tokens_per_param": 20, "n_params": 150_000, "schedule": "linear",
+                         "warmup_fraction": 0.1})
+    curve = _load(rows).curves[0]
+    assert curve.t_hat[-1] == pytest.approx(2900 / 3000) and curve.final_loss == pytest.approx(4.0 - 2900 / 3000)
+    with pytest.raises(CurveImportError, match="before the end of training"):
+        _load(rows[rows["step"] <= 2500])

@@ -22,7 +22,8 @@ Long format, one row per logged point (the columns are documented in ``configs/c
 rows are dropped with a note; two different rows at one run and position are an error.
 
 A run with a non-finite loss is treated as diverged and left out with a note; so is a run that
-does not reach the end of training (t̂ ≥ 0.99) or has fewer than 5 points. Everything else that
+does not reach the end of training (t̂ ≥ 0.99, or its last point within one logging interval of
+the end: ``predictors.curves.reaches_end``) or has fewer than 5 points. Everything else that
 is wrong raises one :class:`CurveImportError` naming the source, the column and the run; that
 includes a loss above :data:`MAX_LOSS` (a cross-entropy in nats is far below it; such a value is
 an overflow or a unit error, and the fit would overflow on it).
@@ -49,6 +50,7 @@ from hpo.common.paths import PathError, check_input_file
 from hpo.calibration.memory import MemoryBudgetError, check_curve_file_memory
 from hpo.tracking.uri import TrackingUriError, check_tracking_uri, strip_credentials, use_credentials
 from predictors import Controls, Curve, smooth_loss
+from predictors.curves import reaches_end
 from predictors.equations import adamw_timescale
 from predictors.normalize import T_HAT_SLACK
 from predictors.schedules import SCHEDULE_NAMES, Schedule
@@ -69,7 +71,6 @@ OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "seed", "co
 # What MLflow params hold where a sweep had no finite τ (json.dumps of inf/None, or str()).
 NO_VALUE = ("inf", "Infinity", "-Infinity", "NaN", "nan", "null", "None", "")
 MIN_POINTS = 5
-COMPLETE_T = 0.99
 #: Largest loss accepted. Language-model losses in nats are O(1-10); 1e6 leaves room for any
 #: unit while keeping the fit's squared residuals far from float overflow.
 MAX_LOSS = 1e6
@@ -317,7 +318,7 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     t_hat, loss, tokens = t_hat[keep], loss[keep], t_hat[keep] * total
     if t_hat.size < MIN_POINTS:
         return None, f"run {run_id}: only {t_hat.size} points (need {MIN_POINTS}); left out"
-    if complete_only and t_hat[-1] < COMPLETE_T:
+    if complete_only and not reaches_end(t_hat):
         return None, f"run {run_id}: ends at t̂ = {t_hat[-1]:.3g}, before the end of training; left out"
     if smoothing_fraction:
         loss = smooth_loss(tokens, loss, window_tokens=smoothing_fraction * total)

@@ -253,11 +253,14 @@ def _progress(message: str) -> None:
 
 
 def complete_curves(curves: list) -> tuple[list, list[str]]:
-    """The curves that reach the end of training (t̂ ≥ 0.99), and a note for each left out
-    (a run whose non-finite tail the bank dropped, or one stopped early)."""
+    """The curves that reach the end of training (``predictors.curves.reaches_end``: t̂ ≥ 0.99 or
+    within one logging interval of the end), and a note for each left out (a run whose non-finite
+    tail the bank dropped, or one stopped early)."""
+    from predictors.curves import reaches_end
+
     complete, notes = [], []
     for curve in curves:
-        if float(curve.t_hat[-1]) < 0.99:
+        if not reaches_end(curve.t_hat):
             notes.append(f"run {curve.meta.get('name', '?')}: ends at t̂ = {float(curve.t_hat[-1]):.3g} "
                          "(non-finite tail or stopped early); left out of the fit")
         else:
