@@ -56,6 +56,10 @@ MEMO_SIZE = 4096
 # A run is at the calibrated scale when its TPP (and N, when known) lies within this relative
 # distance of a TPP (N) the predictor was calibrated on.
 SCALE_TOLERANCE = 0.1
+#: A sweep this many times beyond the calibrated model sizes ranks by its losses, not its predicted
+#: finals (``Predictor.off_scale_note``): the sizes a size extrapolation's error was measured at
+#: (held-out sizes of a ladder) span a few times, not tens.
+OFF_SCALE_SIZE_RATIO = 30.0
 # The axes on which the decision error judges how far a run is off the calibrated scale, with
 # the provenance key that lists the calibrated values (the ranking error uses the first two).
 DECISION_AXES = (("tokens_per_param", "tokens_per_param"), ("n_params", "model_sizes"), ("tau", "taus"))
@@ -124,6 +128,9 @@ class Predictor:
     ranking_error: Optional[RankingError] = None
     references: Optional[ReferenceCurves] = None
     monitor: Optional[NoiseBand] = None
+    #: The sweep's choice, never saved: rank by the predicted finals even ``OFF_SCALE_SIZE_RATIO``
+    #: times or more beyond the calibrated sizes (``scheduler.trust_off_scale``).
+    trust_off_scale: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SurrogateParams):
@@ -194,6 +201,37 @@ class Predictor:
             sizes = ", ".join(f"{float(v):.3g}" for v in prov["model_sizes"])
             return False, f"N = {controls.n_params:.3g} is not a calibrated model size ({sizes})"
         return True, "at the calibrated scale"
+
+    def size_ratio(self, n_params: Optional[float]) -> Optional[float]:
+        """How many times beyond the calibrated model sizes (``provenance["model_sizes"]``) a run of
+        ``n_params`` lies: 1 inside their range, N/largest above it, smallest/N below it; None when
+        N or the calibrated sizes are unknown."""
+        try:
+            sizes = [float(v) for v in self.provenance.get("model_sizes") or []]
+        except (TypeError, ValueError):
+            return None
+        sizes = [v for v in sizes if math.isfinite(v) and v > 0]
+        if not sizes or n_params is None or not (math.isfinite(float(n_params)) and float(n_params) > 0):
+            return None
+        n = float(n_params)
+        return max(1.0, n / max(sizes), min(sizes) / n)
+
+    def off_scale_note(self, n_params: Optional[float]) -> Optional[str]:
+        """One line when a run of ``n_params`` is :data:`OFF_SCALE_SIZE_RATIO` times or more beyond
+        the calibrated sizes (what a sweep prints at its start), else None. Such a sweep ranks by
+        the losses at the rung (:meth:`ranking_order`) unless ``trust_off_scale``: how far an
+        extrapolation in size is off is not measured that far out (at 124M the 0.1M predictor's
+        finals were 25–39% off while it stated ±12%)."""
+        ratio = self.size_ratio(n_params)
+        if ratio is None or ratio < OFF_SCALE_SIZE_RATIO:
+            return None
+        sizes = [float(v) for v in self.provenance["model_sizes"]]
+        then = ("ranks by the predicted finals anyway (trust_off_scale)" if self.trust_off_scale else
+                "ranks by the losses at the rung instead of the predicted finals "
+                "(scheduler.trust_off_scale: true insists)")
+        return (f"predictor fitted at N = {min(sizes):.3g}–{max(sizes):.3g}; this sweep's N = {float(n_params):.3g} is "
+                f"{ratio:.0f}× beyond (≥ {OFF_SCALE_SIZE_RATIO:g}×): its error there is unmeasured, so the "
+                f"sweep {then}")
 
     def positions(self, controls: Sequence[Controls], axes: Sequence[str] = ("tokens_per_param", "n_params")
                   ) -> list[Position]:
@@ -331,6 +369,16 @@ class Predictor:
         """
         off = [why for ok, why in (self.scale_check(c) for c in controls) if not ok]
         where = f"; {off[0]}" if off else ""
+        far = max((r for r in (self.size_ratio(c.n_params) for c in controls) if r is not None), default=1.0)
+        if far >= OFF_SCALE_SIZE_RATIO and not self.trust_off_scale:
+            # The losses' own order error where calibration measured it (the hardest kind), else
+            # unknown: the rung then keeps the top ⌈n/rf⌉ by loss, as ASHA would.
+            known = [v for e in (self.ranking_error.kinds.values() if self.ranking_error else ())
+                     if (v := e.loss_order_at(stop_fraction)) is not None]
+            loss_scale = max(known) if known else None
+            return Order(0.0, loss_scale, f"the sweep is {far:.0f}× beyond the calibrated model sizes (≥ "
+                                          f"{OFF_SCALE_SIZE_RATIO:g}×): ranking by the losses at the rung, not "
+                                          f"the predicted finals{where}")
         if self.ranking_error is not None and self.ranking_error.kinds:
             positions = self.ranking_error.sized(self.positions(controls), [c.n_params for c in controls])
             order = self.ranking_error.order_at(stop_fraction, kind, positions)

@@ -266,10 +266,12 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
         schedule = Schedule(name, float(optional.get("warmup_fraction", 0.1)), float(optional.get("decay_fraction", 0.2)))
     except ValueError as exc:
         raise CurveImportError(f"{source}: run {run_id}: {exc}") from None
+    # η, B and λ when given: a sweep is told by which of them vary (hpo.trials.replay.curve_sweeps).
+    parts = {c: _run_value(rows, c, run_id, source) for c in TAU_PARTS if c in rows and rows[c].notna().any()}
     if "tau" in rows and rows["tau"].notna().any():
         tau = _run_value(rows, "tau", run_id, source)
-    elif all(c in rows for c in TAU_PARTS):
-        eta, batch, decay = (_run_value(rows, c, run_id, source) for c in TAU_PARTS)
+    elif len(parts) == len(TAU_PARTS):
+        eta, batch, decay = (parts[c] for c in TAU_PARTS)
         # λ = 0 (plain Adam) is the τ = ∞ limit; the predictor fixes the τ term for it.
         tau = adamw_timescale(batch, eta, decay, total) if decay > 0 else math.inf
     else:
@@ -323,7 +325,7 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     if smoothing_fraction:
         loss = smooth_loss(tokens, loss, window_tokens=smoothing_fraction * total)
     meta = {"name": run_id, "n_params": n_params, "tokens_per_param": tpp, "total_tokens": total,
-            **({"restarts": [float(x) for x in marks]} if marks else {}),
+            **({"restarts": [float(x) for x in marks]} if marks else {}), **parts,
             **{k: (v.item() if hasattr(v, "item") else v) for k, v in optional.items()}}
     return Curve(t_hat, loss, Controls(tau, tpp, schedule, n_params), meta), ""
 

@@ -20,6 +20,7 @@ locations re-pointed (``hpo.tracking.runs.relocate_sqlite_store``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -130,6 +131,18 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
         on_decision=on_decision,
         resume=resume and (output / STATE_FILE).exists(),
     )
+
+
+def predictor_line(config: SweepConfig, predictor: Any) -> str:
+    """The one line a sweep starts with about its predictor: which file, the sizes it was fitted on,
+    the sweep's N, and whether the sweep is so far beyond them that it ranks by the losses."""
+    n = config.n_params()
+    sizes = [float(v) for v in predictor.provenance.get("model_sizes") or []]
+    which = f"the sweep's own {config.predictor}" if config.predictor else f"packaged {config.predictor_path().name}"
+    fitted = f"fitted at N = {min(sizes):.3g}–{max(sizes):.3g}" if sizes else "fitted sizes not recorded"
+    line = f"predictor: {which} ({fitted}); this sweep's N = {n:.3g}" if n else f"predictor: {which} ({fitted})"
+    note = predictor.off_scale_note(n)
+    return line + (f"\nwarning: {note}" if note else "")
 
 
 # ----------------------------------------------------------------------------- checks (no writes)
@@ -379,7 +392,9 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
         early = EarlyAnswer(output, tracker)
         # The predictor is read once here, from the sweep's own copy, for the scheduler and the
         # report (preflight only checked that the user's file loads, before anything was written).
-        predictor = Predictor.load(output / PREDICTOR_FILE)
+        predictor = dataclasses.replace(Predictor.load(output / PREDICTOR_FILE),
+                                        trust_off_scale=config.scheduler.trust_off_scale)
+        print(predictor_line(config, predictor), flush=True)
         # Each rung decision is printed as it is made (before the early answer that follows
         # from it) and published on the MLflow parent run for `hpo status` / `hpo answer`.
         announcer = RungAnnouncer(publish=tracker.publish_decision)

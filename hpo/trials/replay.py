@@ -146,6 +146,75 @@ def run_points(frame: pd.DataFrame, run_id: str, loss_column: str = "smoothed_lo
     return points
 
 
+#: The settings a sweep varies; runs that agree on everything else form one sweep.
+SWEPT = ("eta", "batch_size", "weight_decay")
+
+
+def curve_points(curve: Any, run_id: Optional[str] = None) -> list[dict[str, Any]]:
+    """The results a replay of an imported curve (``predictors.Curve``, e.g. from
+    ``hpo.calibration.log_import``) reports, as :func:`run_points` does for a bank run: the run's
+    controls (``Controls.to_dict``), η/B/λ where the import knew them, and one point a result.
+
+    A complete curve's last point stands for the end of training (``predictors.curves.reaches_end``:
+    it is within one logging interval of it), so it reports t̂ = 1 and ``done``; the others report
+    their own t̂."""
+    from predictors.curves import reaches_end
+
+    run_id = str(run_id if run_id is not None else curve.meta.get("name"))
+    base = {"run_id": run_id, "status": "completed", **curve.controls.to_dict(),
+            **{k: float(curve.meta[k]) for k in SWEPT if curve.meta.get(k) is not None},
+            **{k: curve.meta[k] for k in ("total_tokens",) if curve.meta.get(k) is not None}}
+    t_hat, loss = np.asarray(curve.t_hat, dtype=float), np.asarray(curve.loss, dtype=float)
+    points = [{**base, "train_fraction": float(t), "loss": float(y), "diverged": False} for t, y in zip(t_hat, loss)]
+    if points and reaches_end(t_hat):
+        points[-1]["train_fraction"] = 1.0
+    if points:
+        points[-1]["done"] = True
+    return points
+
+
+def curve_sweeps(curves: Sequence[Any], swept: Sequence[str] = SWEPT, min_arms: int = 2,
+                 digits: int = 3) -> tuple[dict[str, list[Any]], list[str]]:
+    """Group curves into sweeps: runs that differ only in the ``swept`` settings (η, B, λ) and agree
+    on everything else that shapes a curve (corpus, model size N, tokens D, the schedule with its
+    fractions, the other settings), each group with at least ``min_arms`` runs. Values are compared
+    to ``digits`` significant digits (a schedule read from a logged LR differs in the last bits).
+
+    Returns ({sweep name: its curves, by η}, the runs that form no sweep, in words). A sweep is named
+    by what it shares: ``<corpus> N=<N> D=<tokens> <schedule>``."""
+    def rounded(value: Any) -> Any:
+        return float(f"{value:.{digits}g}") if isinstance(value, (int, float)) and math.isfinite(value) else value
+
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for curve in curves:
+        shape = {k: v for k, v in curve.controls.to_dict().items() if k not in ("tau",)}
+        fixed = {k: curve.meta.get(k) for k in (*SWEPT, "corpus", "total_tokens") if k not in swept}
+        key = tuple(sorted((k, rounded(v) if not isinstance(v, (list, tuple)) else str(v))
+                           for k, v in {**shape, **fixed}.items()))
+        groups.setdefault(key, []).append(curve)
+    sweeps, alone = {}, []
+    for key, members in groups.items():
+        members = sorted(members, key=lambda c: tuple(float(c.meta.get(k) or 0) for k in swept))
+        if len(members) < min_arms:
+            alone += [f"run {c.meta.get('name')}: no other run differs from it only in {'/'.join(swept)}"
+                      for c in members]
+            continue
+        first = members[0]
+        s = first.controls.schedule
+        shape = s.name + (f" {s.decay_fraction:g}" if s.name == "wsd" else "")
+        extra = {k: getattr(s, k) for k in ("decay_shape", "final_fraction") if hasattr(s, k)}
+        if extra.get("decay_shape", "linear") != "linear":
+            shape += f" {extra['decay_shape']}"
+        if extra.get("final_fraction"):
+            shape += f" to {extra['final_fraction']:g}"
+        name = (f"{first.meta.get('corpus') or 'corpus?'} N={(first.controls.n_params or 0) / 1e6:.0f}M "
+                f"D={float(first.meta.get('total_tokens') or 0) / 1e9:.2f}B {shape}")
+        while name in sweeps:
+            name += "'"
+        sweeps[name] = members
+    return dict(sorted(sweeps.items())), alone
+
+
 class ReplayTrainable(tune.Trainable):
     """Replays one banked curve, one point per iteration, with the real trainer's report keys.
 

@@ -119,6 +119,9 @@ class SchedulerSettings(_Strict):
     # The keep rule (hpo.decisions.keep): "collapse" (default: predicted finals, margin_z), or a
     # baseline to compare against on the same sweep: "asha", "current-best", "paired-test".
     rule: Literal["collapse", "asha", "current-best", "paired-test"] = "collapse"
+    # Rank by the predicted finals even 30x or more beyond the predictor's calibrated model sizes
+    # (predictors.predictor.OFF_SCALE_SIZE_RATIO); by default such a sweep ranks by its losses.
+    trust_off_scale: bool = False
 
     @field_validator("rungs")
     @classmethod
@@ -333,9 +336,19 @@ class SweepConfig(_Strict):
         return Path(self.output_given()).resolve()
 
     def predictor_path(self) -> Path:
+        """The sweep's predictor: the one named, else the packaged one nearest the model's size
+        (``hpo.data.default_predictor_path``)."""
         from hpo.data import default_predictor_path
 
-        return Path(self.predictor).resolve() if self.predictor else default_predictor_path()
+        return Path(self.predictor).resolve() if self.predictor else default_predictor_path(self.n_params())
+
+    def n_params(self) -> Optional[int]:
+        """N (non-embedding) of the base trainer's model; None where the trainer section does not
+        make a model config (a user's own trainable reports N itself)."""
+        try:
+            return int(TrainConfig.model_validate(self.base_trainer()).model.n_params)
+        except Exception:  # noqa: BLE001 - an invalid trainer section is reported by its own check
+            return None
 
     def tracking_uri(self) -> str:
         if self.mlflow.tracking_uri:
