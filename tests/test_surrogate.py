@@ -5,12 +5,12 @@ import pytest
 
 from predictors import Controls, SurrogateParams, normalized_surrogate
 from predictors import equations
-from predictors.schedules import SCHEDULE_NAMES, Schedule
+from predictors.schedules import NAMED_SCHEDULES, Schedule
 
 P = SurrogateParams(0.3, -0.3, 2.0, -0.2)
 
 
-@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+@pytest.mark.parametrize("name", NAMED_SCHEDULES)
 @pytest.mark.parametrize("warmup", [0.0, 0.05, 0.3])
 def test_surrogate_is_one_at_the_end_for_every_schedule(name, warmup):
     # ℓ̂(1) = 1 for any schedule and warmup fraction, and ℓ̂ is finite and positive everywhere.
