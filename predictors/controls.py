@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -51,7 +52,11 @@ class Controls:
             "schedule": self.schedule.name,
             "warmup_fraction": float(self.schedule.warmup_fraction),
             "decay_fraction": float(self.schedule.decay_fraction),
+            "final_fraction": float(self.schedule.final_fraction),
+            "decay_shape": self.schedule.decay_shape,
         }
+        if self.schedule.points is not None:
+            out["schedule_points"] = [list(self.schedule.points[0]), list(self.schedule.points[1])]
         if self.n_params is not None:
             out["n_params"] = float(self.n_params)
         return out
@@ -61,7 +66,9 @@ class Controls:
         """Build from a flat mapping such as a Ray Tune result or a curve bank row.
 
         Keys: ``tau``, ``tokens_per_param``, ``schedule`` (name, default ``linear``),
-        ``warmup_fraction`` (default 0.1), ``decay_fraction`` (default 0.2), ``n_params``
+        ``warmup_fraction`` (default 0.1), ``decay_fraction`` (default 0.2), ``final_fraction``
+        (default 0), ``decay_shape`` (default ``linear``), ``schedule_points`` (a ``logged``
+        schedule's ``[[t̂...], [lr...]]``, as a list or its JSON string), ``n_params``
         (optional; a missing, non-finite or non-positive value is left unknown). Give the
         run's own warmup: the default 10% is our trainer's, and a wrong warmup shifts the early
         shape the prediction aligns to. Give ``n_params``: without it a predictor calibrated on
@@ -85,10 +92,19 @@ class Controls:
         missing = [k for k in ("tau", "tokens_per_param") if data.get(k) is None]
         if missing:
             raise KeyError(f"controls: missing {', '.join(missing)}")
+        points = data.get("schedule_points")
+        if isinstance(points, str):
+            try:
+                points = json.loads(points)
+            except ValueError:
+                raise ValueError(f"schedule_points: not JSON ([[t...], [lr...]]): {points[:80]!r}") from None
         schedule = Schedule(
             name=str(data.get("schedule", "linear")),  # type: ignore[arg-type]
             warmup_fraction=float(data.get("warmup_fraction", 0.1)),
             decay_fraction=float(data.get("decay_fraction", 0.2)),
+            final_fraction=float(_given(data, "final_fraction", 0.0)),
+            decay_shape=str(_given(data, "decay_shape", "linear")),  # type: ignore[arg-type]
+            points=points if points is not None and str(data.get("schedule")) == "logged" else None,
         )
         n_params: Optional[float] = None
         try:
@@ -97,3 +113,12 @@ class Controls:
         except (TypeError, ValueError):
             n_params = None
         return cls(float(data["tau"]), float(data["tokens_per_param"]), schedule, n_params)
+
+
+def _given(data: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``data[key]``, or ``default`` where it is absent or empty (a bank read back fills the
+    columns of older rows with NaN or None)."""
+    value = data.get(key)
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return default
+    return value

@@ -597,16 +597,14 @@ def calibrate_band(
 
 
 def same_controls(a: Any, b: Any) -> bool:
-    """Whether two curves share their controls: schedule (name, warmup, WSD decay) and τ, TPP
-    and N within 1% (``predictors.references.SAME_TOLERANCE``)."""
+    """Whether two curves share their controls: schedule (:meth:`Schedule.same_as`: name,
+    warmup, floor, WSD decay and shape, logged points) and τ, TPP and N within 1%
+    (``predictors.references.SAME_TOLERANCE``)."""
     from predictors.curves import controls_with_size
-    from predictors.references import FRACTION_TOLERANCE, SAME_TOLERANCE
+    from predictors.references import SAME_TOLERANCE
 
     x, y = controls_with_size(a), controls_with_size(b)
-    sx, sy = x.schedule, y.schedule
-    if sx.name != sy.name or abs(sx.warmup_fraction - sy.warmup_fraction) > FRACTION_TOLERANCE:
-        return False
-    if sx.name == "wsd" and abs(sx.decay_fraction - sy.decay_fraction) > FRACTION_TOLERANCE:
+    if not x.schedule.same_as(y.schedule):
         return False
 
     def near(p: Optional[float], q: Optional[float]) -> bool:

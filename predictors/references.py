@@ -52,15 +52,15 @@ import numpy as np
 
 from predictors.controls import Controls
 from predictors.curves import Curve, curve_size
-from predictors.schedules import Schedule
+from predictors.schedules import FRACTION_TOLERANCE, Schedule
 
 #: τ and TPP of a run match a reference within this relative distance (the same tolerance as
 #: ``predictors.ranking.SCALE_TOLERANCE``: "at a calibrated value").
 MATCH_TOLERANCE = 0.1
 #: Curves within this relative distance of τ, TPP and N are one reference (averaged).
 SAME_TOLERANCE = 0.01
-#: Warmup (and WSD decay) fractions match within this absolute distance.
-FRACTION_TOLERANCE = 0.005
+# Warmup, floor and WSD decay fractions match within FRACTION_TOLERANCE (absolute), the
+# tolerance of Schedule.same_as, imported from predictors.schedules.
 #: Most points stored per reference curve (the bank's curves hold ~100–1,000).
 MAX_POINTS = 160
 
@@ -103,11 +103,9 @@ class ReferenceCurve:
         return Controls(self.tau, self.tokens_per_param, self.schedule, self.n_params)
 
     def matches(self, controls: Controls) -> bool:
-        """Same schedule (name, warmup, WSD decay) and τ, TPP within ``MATCH_TOLERANCE``."""
-        s, r = controls.schedule, self.schedule
-        if s.name != r.name or abs(s.warmup_fraction - r.warmup_fraction) > FRACTION_TOLERANCE:
-            return False
-        if s.name == "wsd" and abs(s.decay_fraction - r.decay_fraction) > FRACTION_TOLERANCE:
+        """Same schedule (:meth:`Schedule.same_as`: name, warmup, floor, WSD decay and shape,
+        logged points) and τ, TPP within ``MATCH_TOLERANCE``."""
+        if not controls.schedule.same_as(self.schedule):
             return False
         if math.isinf(self.tau) or math.isinf(controls.tau):
             tau_ok = math.isinf(self.tau) and math.isinf(controls.tau)

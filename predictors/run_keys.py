@@ -90,6 +90,11 @@ RUN_KEYS: tuple[RunKey, ...] = (
     RunKey("config_json", str, banked=True),
     RunKey("vocab_size", int, banked=True, bank_default=256),
     RunKey("epochs", float, banked=True, bank_default=math.nan),
+    # The schedule's floor and WSD cooldown shape (predictors.schedules): controls, not MLflow
+    # params (like decay_fraction: the params stay as they were); banks from before them read
+    # as the only values there were then.
+    RunKey("final_fraction", float, reported=True, banked=True, bank_default=0.0, config=True),
+    RunKey("decay_shape", str, reported=True, banked=True, bank_default="linear", config=True),
 )
 #: The keys of one point of a curve (a row of a curve file, a bank row's point part), in order.
 POINT_KEYS: tuple[RunKey, ...] = (

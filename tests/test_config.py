@@ -173,3 +173,25 @@ def test_override_revalidates_and_switches_tau_for_weight_decay() -> None:
     with pytest.raises(ValidationError) as error:
         override(config, {"lr": -1.0})
     assert "lr" in _named_fields(error.value)
+
+
+def test_schedule_floor_and_cooldown_shape_reach_the_trainer_schedule() -> None:
+    # cosine to 10% and a WSD 1-sqrt cooldown: the config builds them, the flat dict carries them.
+    cosine = TrainConfig.model_validate(_config(schedule="cosine", final_fraction=0.1))
+    assert cosine.lr_schedule.at(1.0) == pytest.approx(0.1)
+    wsd = TrainConfig.model_validate(_config(schedule="wsd", decay_fraction=0.2, decay_shape="sqrt"))
+    assert wsd.lr_schedule.decay_shape == "sqrt" and wsd.lr_schedule.at(0.9) == pytest.approx(1 - 0.5 ** 0.5)
+    flat = run_controls(wsd).to_dict()
+    assert (flat["schedule"], flat["decay_shape"], flat["final_fraction"]) == ("wsd", "sqrt", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("updates", "field"),
+    [({"final_fraction": 1.0}, "final_fraction"), ({"final_fraction": -0.1}, "final_fraction"),
+     ({"decay_shape": "cubic"}, "decay_shape"), ({"schedule": "logged"}, "schedule")],
+)
+def test_bad_floor_shape_or_logged_schedule_name_the_field(updates: dict, field: str) -> None:
+    # A trainer runs named schedules only; a floor of 1 or an unknown shape is named.
+    with pytest.raises(ValidationError) as error:
+        TrainConfig.model_validate(_config(**updates))
+    assert field in _named_fields(error.value)

@@ -33,6 +33,15 @@ def test_run_id_is_stable_and_order_free() -> None:
     assert run_id_of({"a": 1, "compile": "auto"}) == run_id_of({"a": 1, "compile": False}) == run_id_of({"a": 1})
 
 
+def test_schedule_floor_and_shape_keep_old_run_ids() -> None:
+    # A config with the default floor (0) and cooldown (linear) is the run banked before they
+    # existed; another floor or shape is another run.
+    old = {"schedule": "wsd", "tau": 0.3}
+    assert run_id_of({**old, "final_fraction": 0.0, "decay_shape": "linear"}) == run_id_of(old)
+    assert run_id_of({**old, "final_fraction": 0.1}) != run_id_of(old)
+    assert run_id_of({**old, "decay_shape": "sqrt"}) != run_id_of(old)
+
+
 def test_append_and_reload(tmp_path: Path) -> None:
     # Appended runs come back with every column; re-appending a run replaces it, never duplicates.
     path = tmp_path / "bank.parquet"

@@ -315,3 +315,40 @@ def test_a_run_logged_every_200_steps_that_ends_one_interval_before_the_end_is_c
     assert curve.t_hat[-1] == pytest.approx(2900 / 3000) and curve.final_loss == pytest.approx(4.0 - 2900 / 3000)
     with pytest.raises(CurveImportError, match="before the end of training"):
         _load(rows[rows["step"] <= 2500])
+
+
+def _schedule_frame(schedule: str, **columns) -> pd.DataFrame:
+    t = np.linspace(0.0, 1.0, 21)
+    frame = pd.DataFrame({"run_id": "r", "train_fraction": t, "loss": 4.0 - t, "tau": 0.3,
+                          "tokens_per_param": 20, "n_params": 100_000, "schedule": schedule})
+    for name, value in columns.items():
+        frame[name] = value(t) if callable(value) else value
+    return frame
+
+
+def test_floor_and_cooldown_shape_columns_build_the_schedule():
+    from predictors.schedules import Schedule
+
+    imported = _load(_schedule_frame("wsd", warmup_fraction=0.05, decay_fraction=0.2, final_fraction=0.1,
+                                     decay_shape="sqrt"))
+    assert imported.curves[0].controls.schedule == Schedule("wsd", 0.05, 0.2, final_fraction=0.1, decay_shape="sqrt")
+    # Without the columns: the floor 0 and the linear cooldown, as before they existed.
+    plain = _load(_schedule_frame("wsd", warmup_fraction=0.05)).curves[0].controls.schedule
+    assert (plain.final_fraction, plain.decay_shape) == (0.0, "linear")
+
+
+def test_logged_schedule_is_read_from_logged_lr():
+    lr = lambda t: 6e-4 * np.minimum(t / 0.1, 1.0) * np.where(t < 0.5, 1.0, 0.5)  # noqa: E731 - a step
+    imported = _load(_schedule_frame("logged", logged_lr=lr))
+    schedule = imported.curves[0].controls.schedule
+    t = np.linspace(0.0, 1.0, 21)
+    assert schedule.name == "logged" and schedule.warmup_fraction == pytest.approx(0.1)
+    assert schedule(t).tolist() == (lr(t) / 6e-4).tolist()
+    assert not any("warmup_fraction not given" in note for note in imported.notes)
+
+
+@pytest.mark.parametrize("present", [False, True])
+def test_logged_schedule_without_logged_lr_is_named(present):
+    frame = _schedule_frame("logged", **({"logged_lr": np.nan} if present else {}))
+    with pytest.raises(CurveImportError, match="run r: column 'logged_lr' is " + ("empty" if present else "missing")):
+        _load(frame)

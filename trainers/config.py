@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from predictors.equations import adamw_timescale, tokens_per_param, weight_decay_for_timescale
-from predictors.schedules import Schedule, ScheduleName
+from predictors.schedules import DecayShape, NamedSchedule, Schedule
 
 Parameterization = Literal["completep", "mup", "sp"]
 
@@ -206,9 +206,13 @@ class TrainConfig(_Strict):
     # AdamW timescale τ = B/(η·λ·D), or the base decay λ it implies (hidden matrices see λ·m).
     tau: float | None = Field(None, gt=0)
     weight_decay: float | None = Field(None, ge=0)
-    schedule: ScheduleName = "linear"
+    schedule: NamedSchedule = "linear"
     warmup_fraction: float = Field(0.1, ge=0, le=1)
     decay_fraction: float = Field(0.2, ge=0, le=1)
+    # The floor η(1)/η_peak of linear, cosine and wsd (0.1: "cosine to 10%").
+    final_fraction: float = Field(0.0, ge=0, lt=1)
+    # The shape of the wsd cooldown: linear (1 - p) or sqrt (1 - √p).
+    decay_shape: DecayShape = "linear"
     seed: int = 0
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     adam_beta2: float = Field(0.95, ge=0, lt=1)
@@ -265,7 +269,8 @@ class TrainConfig(_Strict):
 
     @property
     def lr_schedule(self) -> Schedule:
-        return Schedule(self.schedule, self.warmup_fraction, self.decay_fraction)
+        return Schedule(self.schedule, self.warmup_fraction, self.decay_fraction,
+                        final_fraction=self.final_fraction, decay_shape=self.decay_shape)
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -305,12 +310,15 @@ class RunControls:
     schedule: Schedule
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat dict; the schedule becomes schedule / warmup_fraction / decay_fraction."""
+        """Flat dict; the schedule becomes schedule / warmup_fraction / decay_fraction /
+        final_fraction / decay_shape."""
         out = asdict(self)
         out.update(
             schedule=self.schedule.name,
             warmup_fraction=self.schedule.warmup_fraction,
             decay_fraction=self.schedule.decay_fraction,
+            final_fraction=self.schedule.final_fraction,
+            decay_shape=self.schedule.decay_shape,
         )
         return out
 

@@ -12,8 +12,11 @@ Long format, one row per logged point (the columns are documented in ``configs/c
   and either ``tau`` or all of ``eta`` (alias ``lr``), ``batch_size`` and ``weight_decay``
   (τ = B/(η·λ·D), paper Eq. 2). Optional: ``total_tokens`` (D; default TPP·N),
   ``warmup_fraction`` (0.1, with a note when assumed; 0 for no warmup), ``decay_fraction``
-  (0.2), ``seed``, ``corpus``, ``corpus_hash``,
-  ``d_model``, ``run_name``.
+  (0.2), ``final_fraction`` (the floor η(1)/η_peak; 0), ``decay_shape`` (the WSD cooldown,
+  ``linear`` or ``sqrt``; linear), ``seed``, ``corpus``, ``corpus_hash``, ``d_model``, ``run_name``.
+* schedule ``logged``: the schedule is the run's own logged LR, from the point column
+  ``logged_lr`` (the LR in force at that point; its warmup where it first peaks unless
+  ``warmup_fraction`` is given).
 * optional point columns: ``restart`` (1/true at the first point after a resume from a
   checkpoint) and ``micro_batch_size``; each restart and each change of micro-batch size is a
   marked change point the monitor does not judge (``meta["restarts"]``, t̂).
@@ -53,7 +56,7 @@ from predictors import Controls, Curve, smooth_loss
 from predictors.curves import reaches_end
 from predictors.equations import adamw_timescale
 from predictors.normalize import T_HAT_SLACK
-from predictors.schedules import SCHEDULE_NAMES, Schedule
+from predictors.schedules import SCHEDULE_NAMES, Schedule, logged_warmup
 
 DOCS = "configs/curves/README.md"
 REQUIRED = {
@@ -66,8 +69,12 @@ REQUIRED = {
 POSITIONS = ("tokens", "step", "train_fraction")
 TAU_PARTS = ("eta", "batch_size", "weight_decay")
 ALIASES = {"lr": "eta"}
-OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "seed", "corpus", "corpus_hash", "d_model",
-                "run_name")
+OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "final_fraction", "decay_shape", "seed",
+                "corpus", "corpus_hash", "d_model", "run_name")
+#: Per-run columns read as numbers (the rest of OPTIONAL_RUN stay as given).
+NUMERIC_OPTIONAL = ("warmup_fraction", "decay_fraction", "final_fraction")
+#: The per-point column a ``logged`` schedule is read from: the LR in force at that point.
+LOGGED_LR = "logged_lr"
 # What MLflow params hold where a sweep had no finite τ (json.dumps of inf/None, or str()).
 NO_VALUE = ("inf", "Infinity", "-Infinity", "NaN", "nan", "null", "None", "")
 MIN_POINTS = 5
@@ -179,6 +186,9 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
                   if "warmup_fraction" in frame else None)
     assumed = (sorted(map(str, frame["run_id"].unique())) if has_warmup is None
                else [str(r) for r, given in has_warmup.items() if not given])
+    # A logged schedule's warmup is read from its logged LR, not assumed.
+    logged = set(map(str, frame.loc[frame["schedule"].astype(str) == "logged", "run_id"].unique()))
+    assumed = [r for r in assumed if r not in logged]
     if assumed:
         which = "every run" if len(assumed) == frame["run_id"].nunique() else "runs " + ", ".join(assumed[:5]) + (
             f" and {len(assumed) - 5} more" if len(assumed) > 5 else "")
@@ -214,7 +224,7 @@ def _check_columns(frame: pd.DataFrame, source: str) -> None:
 
 
 #: Per-run columns where 0 is a meaningful value: no warmup, no decay phase, no weight decay.
-ZERO_ALLOWED = ("warmup_fraction", "decay_fraction", "weight_decay")
+ZERO_ALLOWED = ("warmup_fraction", "decay_fraction", "final_fraction", "weight_decay")
 
 
 def _run_value(rows: pd.DataFrame, column: str, run_id: str, source: str, numeric: bool = True) -> Any:
@@ -260,12 +270,8 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     name = str(_run_value(rows, "schedule", run_id, source, numeric=False))
     if name not in SCHEDULE_NAMES:
         raise CurveImportError(f"{source}: run {run_id}: column 'schedule' is {name!r}, not one of {SCHEDULE_NAMES}")
-    optional = {c: _run_value(rows, c, run_id, source, numeric=c in ("warmup_fraction", "decay_fraction"))
+    optional = {c: _run_value(rows, c, run_id, source, numeric=c in NUMERIC_OPTIONAL)
                 for c in OPTIONAL_RUN if c in rows and rows[c].notna().any() and c != "total_tokens"}
-    try:
-        schedule = Schedule(name, float(optional.get("warmup_fraction", 0.1)), float(optional.get("decay_fraction", 0.2)))
-    except ValueError as exc:
-        raise CurveImportError(f"{source}: run {run_id}: {exc}") from None
     # η, B and λ when given: a sweep is told by which of them vary (hpo.trials.replay.curve_sweeps).
     parts = {c: _run_value(rows, c, run_id, source) for c in TAU_PARTS if c in rows and rows[c].notna().any()}
     if "tau" in rows and rows["tau"].notna().any():
@@ -288,6 +294,7 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
     if np.isnan(t_hat).any():
         raise CurveImportError(f"{source}: run {run_id}: column '{position}' has empty values")
     marks = _change_points(rows.iloc[order], t_hat, run_id, source)
+    schedule = _schedule(name, optional, rows.iloc[order], t_hat, run_id, source)
     if np.any(np.diff(t_hat) == 0):
         raise CurveImportError(f"{source}: run {run_id}: duplicate positions in column '{position}'")
     if back.size:  # rows out of training order (a resumed run's log appended after its later points?)
@@ -328,6 +335,33 @@ def _run_curve(run_id: str, rows: pd.DataFrame, position: str, source: str,
             **({"restarts": [float(x) for x in marks]} if marks else {}), **parts,
             **{k: (v.item() if hasattr(v, "item") else v) for k, v in optional.items()}}
     return Curve(t_hat, loss, Controls(tau, tpp, schedule, n_params), meta), ""
+
+
+def _schedule(name: str, optional: dict[str, Any], rows: pd.DataFrame, t_hat: np.ndarray, run_id: str,
+              source: str) -> Schedule:
+    """A run's schedule from its per-run columns; ``logged``: from its ``logged_lr`` (rows in t̂
+    order; points without a value are skipped), the warmup where it first peaks unless given."""
+    fractions = {"final_fraction": float(optional.get("final_fraction", 0.0)),
+                 "decay_shape": str(optional.get("decay_shape", "linear"))}
+    try:
+        if name != "logged":
+            return Schedule(name, float(optional.get("warmup_fraction", 0.1)),  # type: ignore[arg-type]
+                            float(optional.get("decay_fraction", 0.2)), **fractions)  # type: ignore[arg-type]
+        if LOGGED_LR not in rows or rows[LOGGED_LR].isna().all():
+            raise CurveImportError(f"{source}: run {run_id}: column '{LOGGED_LR}' is "
+                                   f"{'missing' if LOGGED_LR not in rows else 'empty'}; a 'logged' schedule is read "
+                                   "from it (the LR in force at each point)")
+        lr = _numbers(rows, LOGGED_LR, run_id, source)
+        known = ~np.isnan(lr)
+        knots, values = np.clip(t_hat[known], 0.0, 1.0), lr[known]
+        warmup = (float(optional["warmup_fraction"]) if "warmup_fraction" in optional
+                  else logged_warmup(knots, values) if values.size and values.max() > 0 else 0.0)
+        return Schedule("logged", warmup, points=(tuple(knots), tuple(values)))
+    except CurveImportError:
+        raise
+    except ValueError as exc:
+        raise CurveImportError(f"{source}: run {run_id}: "
+                               + (f"column '{LOGGED_LR}': " if name == "logged" else "") + str(exc)) from None
 
 
 def _change_points(rows: pd.DataFrame, t_hat: np.ndarray, run_id: str, source: str) -> list[float]:

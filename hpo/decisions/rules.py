@@ -185,6 +185,12 @@ def sweep_values(source: Mapping[str, Any]) -> dict[str, Any]:
 
     schedule = source.get("schedule")
     warmup = source.get("warmup_fraction")
+    # Floor, WSD decay and cooldown shape only where they are not the defaults, so the value
+    # of a schedule without them reads as it always did.
+    floor, shape = source.get("final_fraction"), source.get("decay_shape")
+    extra = "".join((f"/decay {source.get('decay_fraction')}" if schedule == "wsd" else "",
+                     f"/floor {floor}" if floor not in (None, "", 0, 0.0) else "",
+                     f"/{shape}" if shape not in (None, "", "linear") else ""))
     return {
         "eta": num("eta", "lr"),
         "batch_size": num("batch_size"),
@@ -192,7 +198,7 @@ def sweep_values(source: Mapping[str, Any]) -> dict[str, Any]:
         "tau": num("tau"),
         "tokens_per_param": num("tokens_per_param"),
         "n_params": num("n_params"),
-        "schedule": None if schedule is None else f"{schedule}@{warmup}",
+        "schedule": None if schedule is None else f"{schedule}@{warmup}{extra}",
     }
 
 

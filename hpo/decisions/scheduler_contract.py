@@ -28,7 +28,11 @@ logger = logging.getLogger("hpo.decisions.scheduler")
 CONTROL_KEYS = ("tau", "tokens_per_param")
 #: What a result without a schedule is taken to mean (Controls.from_mapping's defaults), said once.
 SCHEDULE_DEFAULTS = {"schedule": Schedule().name, "warmup_fraction": Schedule().warmup_fraction,
-                     "decay_fraction": Schedule().decay_fraction}
+                     "decay_fraction": Schedule().decay_fraction, "final_fraction": Schedule().final_fraction,
+                     "decay_shape": Schedule().decay_shape}
+#: Defaults taken without a word: the floor (0) and cooldown shape (linear) were the only ones
+#: before they were reported, so a trainable that predates them means exactly these.
+SILENT_DEFAULTS = ("final_fraction", "decay_shape")
 
 
 class SchedulerContractError(InputError):
@@ -139,7 +143,7 @@ class ReportReader:
                 f"{' or '.join(repr(k) for k in missing)} (the run's controls: AdamW timescale τ = B/(η·λ·D) and "
                 "tokens per parameter D/N); report them in every result, or nothing can be predicted and no "
                 "trial stopped")
-        absent = [key for key in SCHEDULE_DEFAULTS if merged.get(key) is None
+        absent = [key for key in SCHEDULE_DEFAULTS if merged.get(key) is None and key not in SILENT_DEFAULTS
                   and (key != "decay_fraction" or merged.get("schedule") == "wsd")]
         if absent:
             assumed = ", ".join(f"{key}={SCHEDULE_DEFAULTS[key]!r}" for key in absent)

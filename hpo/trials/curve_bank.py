@@ -16,6 +16,7 @@ Schema (long format, one row per logged point; zstd-compressed parquet):
 | ``d_model``, ``n_layers``, ``seq_len``, ``seed``, ``data_seed`` | model shape and seeds |
 | ``corpus_hash``, ``status`` | sha256 of the corpus bytes (token datasets: of train.bin and val.bin); completed / diverged |
 | ``vocab_size``, ``epochs`` | V (256 = bytes) and passes over the training tokens; optional: banks from before they existed read as 256 and NaN |
+| ``final_fraction``, ``decay_shape`` | the schedule's floor η(1)/η_peak and WSD cooldown shape; optional: banks from before them read as 0 and ``linear`` |
 | ``config_json`` | the resolved trainer config (JSON), to rerun exactly |
 
 Loading never unpickles anything: parquet only.
@@ -61,10 +62,12 @@ class CurveBankError(InputError):
 EXECUTION_ONLY_FIELDS = ("compile",)
 
 
-#: Trainer fields added after runs were banked, with the value every earlier run had: left
-#: out of the id at that value, so a byte-level run keeps the id it was banked under.
+#: Trainer fields added after runs were banked, with the value every earlier run had, by
+#: section ("": the top level): left out of the id at that value, so a run keeps the id it
+#: was banked under.
 FIELDS_ADDED_LATER: dict[str, dict[str, Any]] = {
     "model": {"vocab_size": BYTE_VOCAB_SIZE}, "data": {"token_dtype": "uint16"},
+    "": {"final_fraction": 0.0, "decay_shape": "linear"},
 }
 
 
@@ -77,7 +80,9 @@ def run_id_of(trainer_config: dict[str, Any]) -> str:
     id is what it was before token datasets existed (:data:`FIELDS_ADDED_LATER`)."""
     identity = {k: v for k, v in trainer_config.items() if k not in EXECUTION_ONLY_FIELDS}
     for section, defaults in FIELDS_ADDED_LATER.items():
-        if isinstance(identity.get(section), dict):
+        if section == "":
+            identity = {k: v for k, v in identity.items() if not (k in defaults and v == defaults[k])}
+        elif isinstance(identity.get(section), dict):
             identity[section] = {k: v for k, v in identity[section].items()
                                  if not (k in defaults and v == defaults[k])}
     if isinstance(identity.get("data"), dict):

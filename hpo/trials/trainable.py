@@ -62,6 +62,7 @@ def report_controls(trainer: Trainer) -> dict[str, Any]:
     values = {
         "tau": controls.tau, "tokens_per_param": config.tokens_per_param, "schedule": config.schedule,
         "warmup_fraction": config.warmup_fraction, "decay_fraction": config.decay_fraction,
+        "final_fraction": config.final_fraction, "decay_shape": config.decay_shape,
         "n_params": controls.n_params, "total_tokens": controls.total_tokens, "batch_size": config.batch_size,
         "eta": config.lr, "eta_hidden": controls.eta_hidden, "weight_decay": controls.weight_decay,
         "lambda_hidden": controls.lambda_hidden, "seed": config.seed, "data_seed": config.data.data_seed,
