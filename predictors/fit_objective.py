@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from predictors import equations
-from predictors.curves import Curve, curve_size
+from predictors.curves import Curve, curve_size, reaches_end
 from predictors.surrogate import B_BOX, M_BOX, Q_BOX
 
 # A curve must reach within this of t_min/t_max, and end within FINAL_TOL of t̂ = 1.
@@ -80,11 +80,14 @@ def prepare(curves: Sequence[Curve], t_min: float, t_max: float, grid_points: in
             raise ValueError(f"fit: curves[{i}] is a {type(c).__name__}, expected a Curve")
         t = c.t_hat
         label = f"fit: curves[{i}]" + (f" ({c.meta['name']})" if "name" in c.meta else "")
-        if t[0] > t_min + COVER_TOL or t[-1] < t_max - COVER_TOL:
+        # The end is covered by a curve that reaches it (reaches_end: within one logging
+        # interval, what the import and the fit call complete); the start within COVER_TOL.
+        ends = t[-1] >= t_max - COVER_TOL or (t_max >= 1.0 - FINAL_TOL and reaches_end(t))
+        if t[0] > t_min + COVER_TOL or not ends:
             raise ValueError(
                 f"{label} covers t̂ ∈ [{t[0]:.3g}, {t[-1]:.3g}], not the fit window [{t_min:.3g}, {t_max:.3g}]"
             )
-        if t[-1] < 1.0 - FINAL_TOL:
+        if t[-1] < 1.0 - FINAL_TOL and not reaches_end(t):
             raise ValueError(f"{label} ends at t̂ = {t[-1]:.4g}; a fit curve must reach t̂ ≥ {1 - FINAL_TOL}")
         if int(np.sum((t >= t_min) & (t <= t_max))) < 5:
             raise ValueError(f"{label} has fewer than 5 points inside the fit window")

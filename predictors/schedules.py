@@ -191,7 +191,8 @@ class Schedule:
     def from_logged(cls, t_hat: Sequence[float], lr: Sequence[float], tolerance: float = 0.01) -> "Schedule":
         """The named schedule that reproduces a run's logged learning rate, else a ``logged`` one.
 
-        Rule (``y`` = lr / max(lr), the logged values peak-normalised):
+        Rule (``y`` = lr / max(lr), the logged values peak-normalised; a knot at t̂ = 1 is left
+        out: the LR logged at the last step is never applied):
 
         1. warmup: the LR first reaches its peak at knot ``i``. When a knot ``k < i`` with
            ``y > 0`` lies inside the warmup, the warmup is the line from (0, 0) through the last
@@ -204,7 +205,8 @@ class Schedule:
         3. floor of ``linear`` and ``cosine``: the last knot's value solved for f
            (y = f + (1 - f)·g(p)), i.e. extrapolated to t̂ = 1.
         4. candidates, in this order: ``constant``, ``linear``, ``cosine``, ``wsd`` linear, ``wsd``
-           sqrt; the one with the smallest largest error |η(t̂) - y| over the knots wins if that
+           sqrt; the one with the smallest largest error |η(t̂) - y| over the knots after its
+           warmup (a warmup's own shape is not judged) wins if that
            error is at most ``tolerance`` (earlier in the order on a tie, so a WSD decaying
            over the whole run is ``linear``). Estimated fractions are rounded to 6 decimals.
         5. none fits: ``Schedule("logged", warmup_fraction=<1.>, points=(t_hat, lr))``.
@@ -227,6 +229,11 @@ class Schedule:
         knots, values = _normalised_points((tuple(np.asarray(t_hat, dtype=float).ravel()),
                                             tuple(np.asarray(lr, dtype=float).ravel())))
         t, y = np.asarray(knots), np.asarray(values)
+        # The LR a trainer logs at its last step (t̂ = 1) is never applied to an update: a
+        # constant-LR run that sets it to zero there is constant, not a WSD of 0.1%.
+        applied = t < 1.0 - 1e-9
+        if applied.sum() >= 2:
+            t, y = t[applied], y[applied]
         if not (math.isfinite(tolerance) and tolerance >= 0):
             raise ValueError(f"tolerance: must be a finite number >= 0, got {tolerance!r}")
         at_peak = np.flatnonzero(y >= 1.0 - _AT_PEAK)
@@ -240,7 +247,11 @@ class Schedule:
         candidates: list[Schedule] = []
         for w in dict.fromkeys(_rounded(x) for x in warmups):
             candidates += _candidates(w, t, y, last)
-        errors = [float(np.max(np.abs(candidate(t) - y))) for candidate in candidates]
+        # Judged after each candidate's warmup: trainers warm up in shapes of their own (linear,
+        # cosine, from a floor), over a few % of training the fit ignores (t̂ < 0.05), while the
+        # decay shape is what the surrogate's η(t̂) must get right.
+        errors = [float(np.max(np.abs(candidate(t) - y)[t >= candidate.warmup_fraction], initial=0.0))
+                  for candidate in candidates]
         if errors and min(errors) <= tolerance:
             # The first in the order within float noise of the best: one function written two
             # ways (a WSD decaying from the end of its warmup is linear) keeps the simpler name.

@@ -70,7 +70,7 @@ POSITIONS = ("tokens", "step", "train_fraction")
 TAU_PARTS = ("eta", "batch_size", "weight_decay")
 ALIASES = {"lr": "eta"}
 OPTIONAL_RUN = ("total_tokens", "warmup_fraction", "decay_fraction", "final_fraction", "decay_shape", "seed",
-                "corpus", "corpus_hash", "d_model", "run_name")
+                "corpus", "corpus_hash", "d_model", "run_name", "project")
 #: Per-run columns read as numbers (the rest of OPTIONAL_RUN stay as given).
 NUMERIC_OPTIONAL = ("warmup_fraction", "decay_fraction", "final_fraction")
 #: The per-point column a ``logged`` schedule is read from: the LR in force at that point.

@@ -7,7 +7,8 @@ folder (sub-folders included: a folder of re-runs) is one run, as W&B's export w
 * ``config``: the run's settings; read are ``lr`` (peak η), ``weight_decay`` (λ, PyTorch-coupled:
   decay per step η·λ), ``batch_size`` × ``acc_steps`` × ``world_size`` × ``sequence_length``
   (tokens a step, B), ``iterations`` (T, optimizer steps), ``n_layer``/``n_embd``/``vocab_size``,
-  ``dataset``, ``seed`` and ``resume_from`` (a checkpoint path ``.../<run>/ckpts/<step>``);
+  ``dataset``, ``seed``, ``wandb_project`` (the experiment: sweeps are grouped within one) and
+  ``resume_from`` (a checkpoint path ``.../<run>/ckpts/<step>``);
 * ``summary``: ``parameters`` (all parameters; N is that less the tied embedding, vocab × d);
 * ``history``: ``val`` (``iter``, ``val_loss``) and ``train`` (``iter``, ``train_loss``,
   ``train_lr``: the learning rate in force).
@@ -280,7 +281,7 @@ def load_log_dir(folder: str | Path, *, metric: str = "val_loss", complete_only:
     if metric not in METRICS:
         raise LogImportError(f"metric: {metric!r} is not one of {', '.join(METRICS)}")
     runs = {r.run_id: r for r in (read_log(p, folder) for p in paths)}
-    frames, notes, reruns = [], [], {}
+    frames, notes = [], []
     for run in runs.values():
         if metric not in run.curves or run.curves[metric][0].size == 0:
             notes.append(f"run {run.run_id}: no {metric} history; left out")
@@ -290,14 +291,28 @@ def load_log_dir(folder: str | Path, *, metric: str = "val_loss", complete_only:
             notes.append(f"run {run.run_id}: resumed from {run.resume[0]} at step {run.resume[1]}, which is not "
                          "in the folder; left out (its curve would start mid-training)")
             continue
-        if "/" in run.run_id and Path(run.run_id).name in runs:
-            reruns[run.run_id] = Path(run.run_id).name
         frames.append(_run_frame(run, parent, metric))
     if not frames:
         raise LogImportError(f"--from-logs: {folder}: no run with a {metric} history: " + "; ".join(notes))
     frame = pd.concat(frames, ignore_index=True)
     imported = curves_from_frame(frame, source=f"logs:{folder.resolve()}", complete_only=complete_only)
-    return LogImport(frame, runs, imported, notes + imported.notes, reruns)
+    return LogImport(frame, runs, imported, notes + imported.notes, rerun_pairs(frame["run_id"].unique()))
+
+
+def rerun_pairs(run_ids: Any) -> dict[str, str]:
+    """Re-runs: a run in a sub-folder (``grad_norm/<name>``) whose name is also a top-level run's."""
+    ids = {str(r) for r in run_ids}
+    return {r: Path(r).name for r in sorted(ids) if "/" in r and Path(r).name in ids}
+
+
+def load_curve_bench(path: str | Path) -> LogImport:
+    """A bench kept as a curve file (the frame :func:`load_log_dir` builds, written as parquet:
+    ``hpo/data/curves/public_lr_scheduling.parquet``), with its re-runs told by their run ids."""
+    from hpo.calibration.curve_import import load_curves_file
+
+    imported = load_curves_file(path)
+    frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
+    return LogImport(frame, {}, imported, list(imported.notes), rerun_pairs(frame["run_id"].unique()))
 
 
 def _run_frame(run: LoggedRun, parent: Optional[LoggedRun], metric: str) -> pd.DataFrame:
@@ -315,6 +330,7 @@ def _run_frame(run: LoggedRun, parent: Optional[LoggedRun], metric: str) -> pd.D
         total_tokens=tokens, n_params=n_params, tokens_per_param=tokens / n_params,
         **{k: v for k, v in controls.items() if k != "name"}, schedule=controls["name"],
         corpus=str(run.config.get("dataset", "")), seed=run.config.get("seed"), run_name=run.name,
+        project=str(run.config.get("wandb_project") or ""),
         d_model=run.config.get("n_embd"))
     if points is not None:  # the curve import rebuilds a logged schedule from the LR at each point
         frame["logged_lr"] = np.interp(steps, lr_steps, lr)

@@ -176,8 +176,8 @@ def curve_points(curve: Any, run_id: Optional[str] = None) -> list[dict[str, Any
 def curve_sweeps(curves: Sequence[Any], swept: Sequence[str] = SWEPT, min_arms: int = 2,
                  digits: int = 3) -> tuple[dict[str, list[Any]], list[str]]:
     """Group curves into sweeps: runs that differ only in the ``swept`` settings (η, B, λ) and agree
-    on everything else that shapes a curve (corpus, model size N, tokens D, the schedule with its
-    fractions, the other settings), each group with at least ``min_arms`` runs. Values are compared
+    on everything else that shapes a curve (corpus, experiment, model size N, tokens D, the schedule
+    with its fractions, the other settings), each group with at least ``min_arms`` runs. Values are compared
     to ``digits`` significant digits (a schedule read from a logged LR differs in the last bits).
 
     Returns ({sweep name: its curves, by η}, the runs that form no sweep, in words). A sweep is named
@@ -188,8 +188,11 @@ def curve_sweeps(curves: Sequence[Any], swept: Sequence[str] = SWEPT, min_arms: 
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for curve in curves:
         shape = {k: v for k, v in curve.controls.to_dict().items() if k not in ("tau",)}
-        fixed = {k: curve.meta.get(k) for k in (*SWEPT, "corpus", "total_tokens") if k not in swept}
-        key = tuple(sorted((k, rounded(v) if not isinstance(v, (list, tuple)) else str(v))
+        fixed = {k: curve.meta.get(k) for k in (*SWEPT, "corpus", "project", "total_tokens") if k not in swept}
+        # Fractions of training (warmup, decay, the LR floor) to 0.01 absolute: a floor of 1e-7/1e-4
+        # of the peak is still "to zero".
+        key = tuple(sorted((k, round(float(v), 2) if k.endswith("_fraction") else
+                            rounded(v) if not isinstance(v, (list, tuple)) else str(v))
                            for k, v in {**shape, **fixed}.items()))
         groups.setdefault(key, []).append(curve)
     sweeps, alone = {}, []
@@ -206,7 +209,7 @@ def curve_sweeps(curves: Sequence[Any], swept: Sequence[str] = SWEPT, min_arms: 
         if extra.get("decay_shape", "linear") != "linear":
             shape += f" {extra['decay_shape']}"
         if extra.get("final_fraction"):
-            shape += f" to {extra['final_fraction']:g}"
+            shape += f" to {extra['final_fraction']:.2g}"
         name = (f"{first.meta.get('corpus') or 'corpus?'} N={(first.controls.n_params or 0) / 1e6:.0f}M "
                 f"D={float(first.meta.get('total_tokens') or 0) / 1e9:.2f}B {shape}")
         while name in sweeps:
