@@ -123,3 +123,15 @@ def test_a_folder_without_exports_is_one_error(tmp_path):
         load_log_dir(tmp_path)
     with pytest.raises(LogImportError, match="is not a folder"):
         load_log_dir(tmp_path / "missing")
+
+
+def test_calibrate_from_logs_names_a_bad_export_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from hpo.service.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "run.json").write_text('{"name": "run"}')
+    assert main(["calibrate", "--from-logs", str(tmp_path / "logs")]) == 2
+    err = capsys.readouterr().err
+    assert "run.json" in err and "'config' and 'history'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]

@@ -109,35 +109,42 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return _calibrate_own_corpus(args, overrides)
     if args.config:
         _check_calibration_name(args.config, overrides)
-    if args.from_curves or args.from_mlflow:
+    if args.from_curves or args.from_mlflow or args.from_logs:
         from hpo.calibration.curve_import import CurveImportError, load_curves_file, load_mlflow_curves
+        from hpo.calibration.log_import import LogImportError, load_log_dir
 
-        if args.from_curves and args.from_mlflow:
-            raise ConfigError("--from-curves and --from-mlflow: give one of them")
-        label = Path(args.from_curves).stem if args.from_curves else f"mlflow_{args.from_mlflow}"
+        if sum(bool(x) for x in (args.from_curves, args.from_mlflow, args.from_logs)) > 1:
+            raise ConfigError("--from-curves, --from-mlflow and --from-logs: give one of them")
+        label = (Path(args.from_curves).stem if args.from_curves else Path(args.from_logs).resolve().name
+                 if args.from_logs else f"mlflow_{args.from_mlflow}")
         config = user_curves_config(label, args.config, overrides)
         try:
             check_safe_name(config.name)
         except ValueError as exc:
             raise ConfigError(f"name: {exc}") from None
+        if args.from_logs:  # training logs hold the validation loss a sweep decides on
+            config.metric = "val_loss" if args.metric == "loss" else args.metric
         if args.from_mlflow and args.metric in ("loss", "val_loss"):
             # A sweep's runs log both losses: the predictor records the one it was fitted on
             # (predictors.run_keys.METRIC_COLUMNS), which a sweep deciding on it must match.
             config.metric = args.metric
         preflight_outputs(config)  # before the curves are read and fitted (minutes for a large file)
         try:
-            if args.from_curves:
+            if args.from_logs:
+                imported = load_log_dir(args.from_logs, metric=config.metric).imported
+            elif args.from_curves:
                 imported = load_curves_file(args.from_curves, smoothing_fraction=args.smoothing_fraction)
             else:
                 imported = load_mlflow_curves(args.from_mlflow, tracking_uri=args.tracking_uri, metric=args.metric,
                                               smoothing_fraction=args.smoothing_fraction)
-        except CurveImportError as exc:
+        except (CurveImportError, LogImportError) as exc:
             raise ConfigError(str(exc)) from None
         print(f"calibration from {imported.source}: {len(imported.curves)} complete curves")
         summary = calibrate_from_curves(imported, config)
     else:
         if not args.config:
-            raise ConfigError("calibrate: give a calibration CONFIG, --from-curves FILE or --from-mlflow ID")
+            raise ConfigError("calibrate: give a calibration CONFIG, --from-curves FILE, --from-logs DIR or "
+                              "--from-mlflow ID")
         summary = calibrate(args.config, overrides, fit_only=args.fit_only)
     if summary.get("predictor") is None:
         return 0  # a bank-only calibration (predictor_out: null) printed its own summary
@@ -369,7 +376,8 @@ def _calibrate_own_corpus(args: argparse.Namespace, overrides: tuple[str, ...]) 
     from hpo.calibration.own_corpus import corpus_config, parse_budget
     import yaml
 
-    if args.corpus is None or args.budget is None or args.config or args.from_curves or args.from_mlflow:
+    if args.corpus is None or args.budget is None or args.config or args.from_curves or args.from_mlflow \
+            or args.from_logs:
         raise ConfigError("calibrate: --corpus DIR and --budget TIME go together, without CONFIG or --from-*")
     budget = parse_budget(args.budget)
     if args.sweep_params is not None and args.sweep_params <= 0:
@@ -405,6 +413,8 @@ def _add_calibrate_parser(sub: Any) -> None:
     calibrate.add_argument("--from-curves", metavar="FILE",
                            help="calibrate on your own curves: CSV or parquet (columns: configs/curves/README.md)")
     calibrate.add_argument("--from-mlflow", metavar="EXPERIMENT_ID", help="calibrate on the runs of an MLflow experiment")
+    calibrate.add_argument("--from-logs", metavar="DIR", help="calibrate on a folder of training logs (W&B run exports "
+                           "as JSON; cooldowns joined onto their parents; validation loss, or --metric train_loss)")
     calibrate.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow (default: MLFLOW_TRACKING_URI, "
                                 "else ./mlflow.db or ./mlruns if there)")
     calibrate.add_argument("--metric", default="loss", help="loss metric name for --from-mlflow (default loss; loss "
