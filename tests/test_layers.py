@@ -24,7 +24,7 @@ LAYERS = ("predictors", "trainers", "hpo")
 #: ones (README "Repository layout"; trials and tracking, calibration and reporting, are
 #: side by side and import neither each other).
 HPO_LAYERS = ("common", "data", "decisions", "trials", "tracking", "calibration", "reporting", "monitor",
-              "service")
+              "integrations", "service")
 #: Third-party packages a layer must never import (top-level names).
 FORBIDDEN = {"predictors": {"torch", "ray"}, "trainers": {"ray"}}
 

@@ -373,7 +373,7 @@ def _print_outcome(outcome: dict) -> None:
 def _calibrate_own_corpus(args: argparse.Namespace, overrides: tuple[str, ...]) -> int:
     """``hpo calibrate --corpus DIR --budget 15m``: the paper's protocol (``hpo.calibration.own_corpus``)."""
     from hpo.calibration.calibrate import calibrate
-    from hpo.calibration.own_corpus import corpus_config, parse_budget
+    from hpo.calibration.own_corpus import corpus_config, fit_seconds, parse_budget
     import yaml
 
     if args.corpus is None or args.budget is None or args.config or args.from_curves or args.from_mlflow \
@@ -398,7 +398,8 @@ def _calibrate_own_corpus(args: argparse.Namespace, overrides: tuple[str, ...]) 
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"calibrate --corpus: {len(chosen.runs)} runs at d_model {chosen.model['d_model']} "
           f"({chosen.n_params:,} parameters, TPP {tpp:g}), about {chosen.estimated_s / 60:.1f} min of a "
-          f"{budget / 60:.1f}-min budget; config {path}", flush=True)
+          f"{budget / 60:.1f}-min budget ({chosen.fixed_s:.0f} s fixed, the fit {fit_seconds(len(chosen.runs)):.0f} s, "
+          f"{chosen.round_s:.0f} s per round of 2 runs); config {path}", flush=True)
     summary = calibrate(str(path), overrides)
     print(f"calibration: {summary['n_curves']} curves; predictor {summary['predictor']} "
           f"(a sweep uses it with `predictor: {summary['predictor']}` in its config)")
