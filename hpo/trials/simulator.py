@@ -42,7 +42,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import TrialScheduler
 
-from hpo.decisions import rules
+from predictors.curves import compute_fraction
 
 
 class SimulationError(RuntimeError):
@@ -69,7 +69,7 @@ class SimulatedOutcome:
 
     def compute_fraction(self, weights: Optional[Mapping[str, float]] = None) -> float:
         """The sweep's compute against training every trial to the end (``hpo.decisions.rules``)."""
-        return rules.compute_fraction(self.reached, weights)
+        return compute_fraction(self.reached, weights)
 
 
 class SimulatedSweep:
