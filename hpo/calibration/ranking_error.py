@@ -18,10 +18,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from hpo.calibration.held_out import SCALE_GROUPINGS, HeldOutPredictions, Method, Refits, groups_of, prediction_at, refit_method
-from predictors.kinds import SWEEP_VALUE_KEYS
 from predictors import Curve
 from predictors.curves import controls_with_size, curve_size, rung_cut
-from predictors.kinds import SWEEP_KINDS
+from predictors.kinds import SWEEP_KINDS, SWEEP_VALUE_KEYS, kind_groups, sweep_values
 from predictors.predictor import DECISION_FRACTIONS, Predictor
 
 #: Most refits a ranking-error measurement makes: sweeps are held out together, in this many
@@ -32,8 +31,6 @@ RANKING_FOLDS = 10
 def sweep_items(curves: Sequence[Curve]) -> dict[str, dict[str, Any]]:
     """Curve name → its sweep values (``predictors.kinds.sweep_values`` of meta and controls) plus
     seeds: what :func:`predictors.kinds.kind_groups` groups curves into sweeps by."""
-    from predictors.kinds import kind_groups, sweep_values
-
     out = {}
     for i, c in enumerate(curves):
         source = {**{k: v for k, v in c.meta.items() if v is not None}, **c.controls.to_dict()}

@@ -30,7 +30,7 @@ def make_rule(settings: Union[str, Mapping[str, Any], KeepRule]) -> KeepRule:
     if isinstance(settings, KeepRule):
         return settings
     knobs = {"name": settings} if isinstance(settings, str) else dict(settings)
-    name = knobs.pop("name", None)
+    name = knobs.pop("name", "collapse")  # knobs without a name: the default rule's
     if name not in RULES:
         raise ValueError(f"scheduler.rule: {name!r} is not a rule; known: {', '.join(RULES)}")
     try:
