@@ -19,7 +19,7 @@ the sweep varies. ``hpo calibrate`` therefore measures, on held-out predictions,
 for each *kind* of sweep (``predictors.kinds``), because the order is harder to predict
 when the curves cross (τ varies) than when they share one normalised shape (fixed τ).
 
-The scheduler's keep rule (``hpo.decisions.rules``) keeps every trial whose predicted log-final is
+The scheduler's keep rule (``hpo.decisions.keep``) keeps every trial whose predicted log-final is
 within z·σ of the predicted best: under the model each stopped trial had a chance below
 Φ(−z) of beating it.
 

@@ -41,7 +41,7 @@ def sweep_items(curves: Sequence[Curve]) -> dict[str, dict[str, Any]]:
 
 
 def ranking_groups(curves: Sequence[Curve]) -> dict[str, list[list[int]]]:
-    """Kind of sweep → its sweeps in the bank, as lists of curve indices (``hpo.decisions.rules``)."""
+    """Kind of sweep → its sweeps in the bank, as lists of curve indices (``predictors.kinds.kind_groups``)."""
 
     items = sweep_items(curves)
     index = {name: i for i, name in enumerate(items)}

@@ -66,9 +66,10 @@ class RungJudge:
         return r == len(self.rungs) - 1
 
     def margin_text(self, rung: RungRecord, short: bool = False) -> str:
-        """The keep-margin ``rung`` was decided with, in words (not decided yet: says so)."""
+        """The keep-margin ``rung`` was decided with, in words (none yet: says so)."""
         if not rung.margin_source:
-            return "not decided yet" if short else f"rung t̂ = {rung.fraction:g} not decided yet ({self.rule.name})"
+            return "none yet" if short else (f"no margin applied at t̂ = {rung.fraction:g} yet (the {self.rule.name} "
+                                             "rule has not ranked trials there)")
         if short:
             return f"{100 * rung.margin:.2f}%"
         return f"{100 * rung.margin:.2f}% in log-final above the predicted best at t̂ = {rung.fraction:g} " \

@@ -177,7 +177,7 @@ class RungRecord:
         n_keep: how many the rule kept (⌈n/rf⌉ at intermediate rungs; at the last rung the
             predicted best plus those within the margin).
         margin: the keep-margin used at this rung, in log-final units (0.02 ≈ 2% above the
-            predicted best; ``hpo.decisions.rules``).
+            predicted best; ``hpo.decisions.keep``).
         margin_source: where the margin came from, in words (the ranking error of which kind
             of sweep, or a fixed margin).
         kind: the kind of sweep the participants formed (``predictors.kinds.sweep_kind``).

@@ -68,7 +68,7 @@ class SimulatedOutcome:
     makespan: float = 0.0
 
     def compute_fraction(self, weights: Optional[Mapping[str, float]] = None) -> float:
-        """The sweep's compute against training every trial to the end (``hpo.decisions.rules``)."""
+        """The sweep's compute against training every trial to the end (``predictors.curves.compute_fraction``)."""
         return compute_fraction(self.reached, weights)
 
 
