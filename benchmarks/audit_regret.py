@@ -13,7 +13,7 @@ its regret is the final loss of the pick minus the best final loss of that repli
   calibration bank of ``--calibration`` (same t_min, ``fit_m=False``; refit on every run so
   nothing cached can go stale);
 * ``keep-set (ranking margin)``: the trials the scheduler's keep rule keeps at a last rung at
-  s (``hpo.decisions.rules.keep_rule`` with the default calibrated margin, z·σ of the predictor's ranking
+  s (``hpo.decisions.keep.evidence.keep_rule`` with the default calibrated margin, z·σ of the predictor's ranking
   scale for the sweep's kind: :func:`keep_set`, the same call ``CollapseScheduler`` makes).
   All kept trials are finished and the best is chosen, so its regret is 0 exactly when the set
   holds the true best; its size is reported too.
@@ -61,7 +61,11 @@ from hpo.calibration import held_out  # noqa: E402
 from hpo.calibration.calibrate import CalibrationConfig, SweepRun, load_calibration_config  # noqa: E402
 from hpo.trials.curve_bank import CurveBankError, bank_curves, load_bank, run_id_of  # noqa: E402
 from hpo.common.overrides import ConfigError  # noqa: E402
-from hpo.decisions import rules  # noqa: E402
+from hpo.decisions.keep.collapse import DEFAULT_MARGIN_Z  # noqa: E402
+from hpo.decisions.keep.evidence import Candidate, KeepDecision  # noqa: E402
+from predictors.curves import compute_fraction  # noqa: E402
+from predictors.kinds import sweep_values  # noqa: E402
+from predictors.prediction import DEFAULT_MIN_POINTS, predict_at_rung  # noqa: E402
 from hpo.trials.replay import current_best_at, run_points, score_pick, seed_noise, true_finals  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 from predictors.curves import rung_cut  # noqa: E402
@@ -73,7 +77,7 @@ from benchmarks.audit_regret_report import (  # noqa: E402
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 #: CollapseScheduler's default ``min_points`` (points up to the rung needed to predict).
-MIN_POINTS = rules.DEFAULT_MIN_POINTS
+MIN_POINTS = DEFAULT_MIN_POINTS
 #: A completed curve must reach this t̂ to count as complete (predictors.fit.FINAL_TOL).
 COMPLETE_T = 0.99
 
@@ -106,7 +110,7 @@ class RunView:
     controls: dict[str, Any]  # Controls.from_mapping(result).to_dict(), as the scheduler stores
     final: float  # last smoothed loss; inf for a diverged run
     status: str
-    sweep_values: dict[str, Any] = field(default_factory=dict)  # hpo.decisions.rules.sweep_values of a result
+    sweep_values: dict[str, Any] = field(default_factory=dict)  # predictors.kinds.sweep_values of a result
 
 
 def run_views(frame: pd.DataFrame, run_ids: Sequence[str]) -> dict[str, RunView]:
@@ -119,7 +123,7 @@ def run_views(frame: pd.DataFrame, run_ids: Sequence[str]) -> dict[str, RunView]
                    if math.isfinite(p["loss"]) and not p["diverged"]]
         final = finals.get(run_id, math.inf) if status == "completed" else math.inf
         views[run_id] = RunView(run_id, history, Controls.from_mapping(points[0]).to_dict(), final, status,
-                                rules.sweep_values(points[0]))
+                                sweep_values(points[0]))
     return views
 
 
@@ -144,27 +148,26 @@ def bank_state(frame: pd.DataFrame, trials: Sequence[Trial]) -> dict[str, str]:
 def predict_final_at(predictor: Predictor, history: Sequence[tuple[float, float]], controls: Mapping[str, Any],
                      upto: float, min_points: int = MIN_POINTS) -> Optional[float]:
     """The final loss the scheduler would predict for this trial at rung ``upto``
-    (``hpo.decisions.rules.predict_at_rung``, the function ``CollapseScheduler`` itself uses);
+    (``predictors.prediction.predict_at_rungs``, the function ``CollapseScheduler`` itself uses);
     None where the scheduler would have no prediction."""
     t, y = zip(*history)
-    return rules.predict_at_rung(predictor, t, y, controls, upto, min_points).final_loss
+    return predict_at_rung(predictor, t, y, controls, upto, min_points).final_loss
 
 
 def keep_set(predictor: Predictor, views: Mapping[str, RunView], candidates: Sequence[str], s: float,
-             margin_z: float = rules.DEFAULT_MARGIN_Z) -> rules.KeepDecision:
+             margin_z: float = DEFAULT_MARGIN_Z) -> KeepDecision:
     """What ``CollapseScheduler``'s keep rule keeps of ``candidates`` at a last rung at ``s``
-    with the calibrated margin (the same ``hpo.decisions.rules`` calls: prediction, kind, margin, rule)."""
+    with the calibrated margin (the calls the scheduler makes: prediction, evidence, rule)."""
     cands = []
     for r in candidates:
         t, y = zip(*views[r].history)
-        p = rules.predict_at_rung(predictor, t, y, views[r].controls, s, MIN_POINTS)
-        cands.append(rules.Candidate(r, p.final_loss, p.loss, p.uncertainty))
-    m = rules.rung_margin(predictor, s, [views[r].sweep_values for r in candidates],
-                          [views[r].controls for r in candidates], z=margin_z)
-    from hpo.decisions.keep import CollapseRule, RungEvidence, TrialEvidence
+        p = predict_at_rung(predictor, t, y, views[r].controls, s, MIN_POINTS)
+        cands.append(Candidate(r, p.final_loss, p.loss, p.uncertainty))
+    from hpo.decisions.keep import CollapseRule, TrialEvidence, gather
 
-    return CollapseRule(margin_z).decide(RungEvidence.of(m, s, last=True, reduction_factor=2,
-                                                         trials=[TrialEvidence(c) for c in cands]))
+    ev = gather(predictor, s, [TrialEvidence(c) for c in cands], [views[r].sweep_values for r in candidates],
+                [views[r].controls for r in candidates], last=True, reduction_factor=2)
+    return CollapseRule(margin_z).decide(ev)
 
 
 def reaches(view: RunView, fraction: float) -> bool:
@@ -238,7 +241,7 @@ def score_replicate(sweep: str, seed: int, trials: Sequence[Trial], frame: pd.Da
                        for r in finals if r not in seen_t})
 
         def compute_of(finished: Sequence[str]) -> float:
-            return rules.compute_fraction({r: (1.0 if r in finished else t) for r, t in seen_t.items()})
+            return compute_fraction({r: (1.0 if r in finished else t) for r, t in seen_t.items()})
 
         # Every completed run reaches s, so the best over candidates is the replicate's best.
         outcome = current_best_at(frame, candidates, s, sweep=sweep, noise=band, finals=finals)

@@ -15,7 +15,8 @@ Methods, all but median stopping through the one keep-rule seam (``hpo.decisions
   sweep's own evidence widens σ; the shipped default (``SchedulerSettings()``) is marked;
 * ``asha``: ASHA's rule (top 1/rf by loss) at rungs grace·rf^k; knobs grace, rf;
 * ``current-best``: every trial to s, the lowest loss there to the end; knob s;
-* ``paired-test``: stop what a paired test on the curves shows worse; knobs rungs, z;
+* ``paired-test`` (experimental): stop what a paired test on the curves shows worse; knobs rungs, z;
+* ``top-k``: the k best by predicted final continue past each rung; knobs rungs, k;
 * ``median``: Ray's ``MedianStoppingRule`` on t̂; knob grace.
 
 Scoring (``benchmarks/decisions_replay.py``): **compute** = Σ t̂ trained / n; **pick** = the
@@ -68,7 +69,7 @@ from benchmarks.decisions_replay import (Bank, Point, Row, bank_corpus, frontier
 DEFAULT_BANKS = ("configs/calibration/decisions.yaml", "configs/calibration/decisions_grid.yaml",
                  "configs/calibration/decisions_large.yaml", "configs/calibration/decisions_perl.yaml",
                  "configs/calibration/decisions_cheaders.yaml")
-METHODS = ("collapse", "current-best", "asha", "median", "paired-test")
+METHODS = ("collapse", "current-best", "asha", "median", "paired-test", "top-k")
 #: The kinds where curves cross (τ varies within the sweep).
 CROSSING = ("batch_fixed_lambda", "lambda", "eta_fixed_lambda", "eta_lambda_grid")
 WITHIN, KEPT = 0.90, 0.95
@@ -231,7 +232,7 @@ def plot(loco: dict[str, dict[str, Any]], path: Path) -> None:
     cols = min(5, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.0 * rows), dpi=100, squeeze=False)
-    colours = dict(zip(METHODS, ("tab:blue", "tab:red", "tab:orange", "tab:green", "tab:purple")))
+    colours = dict(zip(METHODS, ("tab:blue", "tab:red", "tab:orange", "tab:green", "tab:purple", "tab:brown")))
     grid = np.linspace(0.1, 1.0, 91)
     for ax, (b, family) in zip(axes.flat, panels):
         for method in METHODS:

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from hpo.decisions import rules
+from predictors.curves import compute_fraction, is_finished
+from predictors.prediction import predict_at_rung
 from hpo.calibration.calibrate import load_calibration_config
 from hpo.trials.curve_bank import load_bank
 from hpo.common.overrides import ConfigError
@@ -72,12 +73,12 @@ def _rung_label(rungs: Sequence[float]) -> str:
 
 def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
     """Every method's settings, each a fresh scheduler per replicate. The keep rules
-    (``hpo.decisions.keep``: collapse, ASHA, current-best, the paired test) all run in
+    (``hpo.decisions.keep``: collapse, ASHA, current-best, top-k, the paired test) all run in
     ``CollapseScheduler`` (sync), so one harness replays them the same way; median stopping is
     Ray's own ``MedianStoppingRule`` (it is not a rung rule)."""
     from ray.tune.schedulers import MedianStoppingRule
 
-    from hpo.decisions.keep import AshaRule, CollapseRule, CurrentBestRule, PairedTestRule
+    from hpo.decisions.keep import AshaRule, CollapseRule, CurrentBestRule, PairedTestRule, TopKRule
     from hpo.decisions.scheduler import CollapseScheduler
     from hpo.trials.sweep_config import SchedulerSettings
 
@@ -92,14 +93,14 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
                  (0.2, 0.3, 0.5)]
     zs, rfs, reads = (0.0, 0.25, 0.5, 1.0, 2.0), (2.0,), (True, False)
     if quick:
-        rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.margin_z), (default.reduction_factor,)
+        rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.rule['margin_z']), (default.reduction_factor,)
     for rungs in rung_sets:
         for z in zs:
             for rf in rfs:
                 for read in reads:
                     if (len(rungs) == 1 and rf != rfs[0]) or (z == 0 and not read):
                         continue  # rf only matters with an intermediate rung; z 0 reads nothing
-                    is_default = (list(rungs) == list(default.rungs) and z == default.margin_z and read
+                    is_default = (list(rungs) == list(default.rungs) and z == default.rule['margin_z'] and read
                                   and rf == default.reduction_factor and default.margin == "calibrated")
                     out.append(Setting("collapse", f"rungs {_rung_label(rungs)}, z {z:g}, rf {rf:g}"
                                        + ("" if read else ", calibrated σ only"),
@@ -114,6 +115,9 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
             metric="loss", mode="min", time_attr="train_fraction", grace_period=g, min_samples_required=3)))
     for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)):
         out.append(Setting("current-best", f"s {s:g}", scheduler(CurrentBestRule(), (s,))))
+    for rungs in ([tuple(default.rungs)] if quick else [(0.1,), (0.2,), (0.3,), (0.1, 0.3)]):
+        for k in ((1, 2) if quick else (1, 2, 3)):
+            out.append(Setting("top-k", f"rungs {_rung_label(rungs)}, k {k}", scheduler(TopKRule(k), rungs)))
     for rungs in ([(0.1, 0.2)] if quick else [(0.1,), (0.2,), (0.1, 0.2), (0.1, 0.2, 0.3), (0.2, 0.3, 0.5)]):
         for z in (2.0,):
             out.append(Setting("paired-test", f"rungs {_rung_label(rungs)}, z {z:g}",
@@ -157,10 +161,10 @@ def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[s
     except Exception as exc:  # noqa: BLE001 - a scheduler that cannot run here is reported, not fatal
         return Row(family, seed, setting.method, setting.label, setting.default, math.nan, None, None, best,
                    None, False, note=f"{type(exc).__name__}: {exc}")
-    done = [r for r in runs if rules.is_finished(reached.get(r, 0.0))]
+    done = [r for r in runs if is_finished(reached.get(r, 0.0))]
     pick = min(done, key=lambda r: (finals[r], r)) if done else None
     regret = None if pick is None else finals[pick] - finals[best]
-    return Row(family, seed, setting.method, setting.label, setting.default, rules.compute_fraction(reached),
+    return Row(family, seed, setting.method, setting.label, setting.default, compute_fraction(reached),
                regret, pick, best, None if regret is None or sigma is None else regret <= sigma + 1e-12,
                pick == best, best in done)
 
@@ -208,7 +212,7 @@ def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], li
                         points: dict[str, list[dict[str, Any]]], finals: dict[str, float],
                         fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.5)) -> list[list[Any]]:
     """Per kind of sweep and s, over the pairs of each replicate: how often the order of the
-    predicted finals (``hpo.decisions.rules.predict_at_rung``) and of the losses at the rung agree with
+    predicted finals (``predictors.prediction.predict_at_rungs``) and of the losses at the rung agree with
     the order of the true finals, and the RMS of their log-ratio errors."""
     import itertools
 
@@ -224,7 +228,7 @@ def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], li
                 for r in runs:
                     t = [p["train_fraction"] for p in points[r]]
                     y = [p["loss"] for p in points[r]]
-                    pred = rules.predict_at_rung(predictor, t, y, points[r][0], s)
+                    pred = predict_at_rung(predictor, t, y, points[r][0], s)
                     seen[r] = (pred.final_loss, pred.loss)
                 for a, b in itertools.combinations(runs, 2):
                     true = math.log(finals[a] / finals[b])

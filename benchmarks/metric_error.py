@@ -2,7 +2,7 @@
 
 For every complete run of the decision banks given (``--config``: runs neither predictor was fitted
 on), at each decision fraction s, the final is predicted from the curve up to s
-(``hpo.decisions.rules.predict_at_rung``, what the scheduler does at a rung) and compared with the
+(``predictors.prediction.predict_at_rungs``, what the scheduler does at a rung) and compared with the
 run's true final of the same metric (``predictors.smoothing.FINAL_LOSS_DEFINITION``). Each
 predictor is measured on its own metric and on the other one, so the question "can the
 train-loss predictor decide on the validation loss?" is answered by its error on val_loss
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decisions_replay import replicates  # noqa: E402
 from hpo.common.tables import markdown_table  # noqa: E402
-from hpo.decisions import rules  # noqa: E402
+from predictors.prediction import predict_at_rung  # noqa: E402
 from hpo.trials.replay import run_points, true_finals  # noqa: E402
 from predictors import Controls, Predictor  # noqa: E402
 from predictors.run_keys import METRIC_COLUMNS  # noqa: E402
@@ -52,7 +52,7 @@ def errors(predictor: Predictor, configs: Sequence[str], metric: str) -> list[li
             y = [p["loss"] for p in points]
             controls = Controls.from_mapping(points[0])
             for s in FRACTIONS:
-                pred = rules.predict_at_rung(predictor, t, y, controls, s)
+                pred = predict_at_rung(predictor, t, y, controls, s)
                 if pred.final_loss is None:
                     continue
                 stated = predictor.relative_error(s, controls)[0]

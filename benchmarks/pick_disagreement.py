@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpo.calibration.calibrate import bank_curves, load_bank  # noqa: E402
 from hpo.calibration.ranking_error import ranking_groups  # noqa: E402
 from hpo.data import default_predictor_path  # noqa: E402
-from hpo.decisions import rules  # noqa: E402
+from predictors.prediction import predict_at_rung  # noqa: E402
 from predictors import Predictor  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def main(min_trials: int = 5) -> None:
             seed = int(sweep[0].meta["seed"])
             finals = [c.final_loss for c in sweep]
             for s in (0.1, 0.2, 0.3):
-                at = [rules.predict_at_rung(predictor, c.t_hat, c.loss, c.controls, s) for c in sweep]
+                at = [predict_at_rung(predictor, c.t_hat, c.loss, c.controls, s) for c in sweep]
                 pick_p = int(np.argmin([p.final_loss or np.inf for p in at]))
                 pick_l = int(np.argmin([p.loss or np.inf for p in at]))
                 looks += 1

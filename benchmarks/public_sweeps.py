@@ -15,7 +15,7 @@ split the paper's way:
 Then, per sweep:
 
 1. **stop at s** (0.1/0.2/0.3/0.5): predicted-best (lowest predicted final,
-   ``rules.predict_at_rung``) against current-best (lowest loss at s): within noise, better/worse
+   ``predictors.prediction.predict_at_rung``) against current-best (lowest loss at s): within noise, better/worse
    than each other, the MAE of the predicted finals, the order error of predicted finals and of
    the losses at s (pairs of arms ordered as their true finals);
 2. **the whole scheduler**: every setting of every rule of the keep-rule seam (collapse, ASHA,
@@ -114,7 +114,7 @@ def fit_predictor(curves: Sequence[Any], out: Path) -> Any:
 
 def stop_at_s(predictor: Any, sweeps: dict[str, list[Any]], noise: float) -> list[dict[str, Any]]:
     """Per sweep and s: predicted-best and current-best picks scored against the true finals."""
-    from hpo.decisions import rules
+    from predictors.prediction import predict_at_rung
     from hpo.trials.replay import curve_points
 
     rows = []
@@ -125,7 +125,7 @@ def stop_at_s(predictor: Any, sweeps: dict[str, list[Any]], noise: float) -> lis
         for s in FRACTIONS:
             seen = {}
             for run, pts in points.items():
-                pred = rules.predict_at_rung(predictor, [p["train_fraction"] for p in pts],
+                pred = predict_at_rung(predictor, [p["train_fraction"] for p in pts],
                                              [p["loss"] for p in pts], pts[0], s)
                 seen[run] = (pred.final_loss, pred.loss)
             if any(v[0] is None or v[1] is None for v in seen.values()):

@@ -246,7 +246,7 @@ def methods(predictor: Any, grid: Grid) -> dict[str, Callable[[int], tuple[Any, 
     def collapse() -> Any:
         return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(default.rungs),
                                  reduction_factor=default.reduction_factor, margin=default.margin,
-                                 margin_z=default.margin_z, decision_mode="async", rule=default.rule)
+                                 decision_mode="async", rule=default.rule)
 
     def asha() -> Any:
         return ASHAScheduler(metric="loss", mode="min", time_attr="train_fraction", max_t=1.0,

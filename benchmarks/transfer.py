@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from hpo.calibration import held_out  # noqa: E402
 from hpo.calibration.calibrate import load_calibration_config  # noqa: E402
 from hpo.trials.curve_bank import bank_curves, load_bank, run_id_of  # noqa: E402
-from hpo.decisions import rules  # noqa: E402
+from predictors.prediction import predict_at_rung  # noqa: E402
 from hpo.common.tables import markdown_table  # noqa: E402
 from predictors import Curve, Predictor, equations, score_curves  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text, atomic_write_with  # noqa: E402
@@ -114,7 +114,7 @@ def configured_run_ids(config_path: Path) -> tuple[set[str], Path]:
 
 def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> float:
     """(predicted − true)/true final loss at rung ``stop_fraction``, predicted exactly as the
-    scheduler does (``hpo.decisions.rules.predict_at_rung`` on the curve's (t̂, smoothed loss) points).
+    scheduler does (``predictors.prediction.predict_at_rungs`` on the curve's (t̂, smoothed loss) points).
 
     NaN where the scheduler would have no prediction: too few points, or the predictor failed
     (the scheduler keeps such a trial rather than raising).
@@ -122,7 +122,7 @@ def decision_error(predictor: Predictor, curve: Curve, stop_fraction: float) -> 
     controls = curve.controls.to_dict()  # what the scheduler stores for a trial (n_params included)
     history = zip(curve.t_hat.tolist(), curve.loss.tolist())
     t, y = zip(*history)
-    final = rules.predict_at_rung(predictor, t, y, controls, stop_fraction).final_loss
+    final = predict_at_rung(predictor, t, y, controls, stop_fraction).final_loss
     return math.nan if final is None else final / curve.final_loss - 1.0
 
 

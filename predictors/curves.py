@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from predictors.controls import Controls
+from predictors.io import finite_or_none
 from predictors.normalize import check_curve, normalize_loss, smooth_loss, training_fraction_of
 
 
@@ -156,3 +157,38 @@ def controls_with_size(curve: Curve) -> Controls:
         return c
     n = curve_size(curve)
     return c if n is None else dataclasses.replace(c, n_params=n)
+
+
+# ---------------------------------------------------------------------- compute accounting
+
+
+def compute_fraction(
+    reached: Mapping[str, float], weights: Optional[Mapping[str, Optional[float]]] = None,
+    extra: Optional[Mapping[str, float]] = None,
+) -> float:
+    """The compute a sweep spent, as a fraction of training every trial to the end:
+    Σ_i w_i·(t̂_i + r_i) / Σ_i w_i, with t̂_i the fraction trial i reached (clipped to
+    [0, 1]), r_i the fraction it trained twice (``extra``: work redone after a restart
+    without a checkpoint) and w_i = N_i·D_i (``weights``; equal weights unless every trial
+    has a positive one: exact within a sweep of one model size and TPP).
+
+    Example:
+        >>> round(compute_fraction({"a": 1.0, "b": 0.1, "c": 0.1}), 6)
+        0.4
+    """
+    if not reached:
+        return 0.0
+    ids = list(reached)
+    w = [finite_or_none((weights or {}).get(i)) for i in ids]
+    if any(v is None or v <= 0 for v in w):
+        w = [1.0] * len(ids)
+    done = sum(wi * (min(max(float(reached[i]), 0.0), 1.0) + max(float((extra or {}).get(i, 0.0)), 0.0))
+               for i, wi in zip(ids, w))
+    return float(done / sum(w))  # type: ignore[arg-type]
+
+
+def is_finished(train_fraction: float) -> bool:
+    """Whether a trial that reached ``train_fraction`` ran to the end."""
+    from predictors.smoothing import FINISHED_T_HAT
+
+    return float(train_fraction) >= FINISHED_T_HAT

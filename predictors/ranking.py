@@ -19,7 +19,7 @@ the sweep varies. ``hpo calibrate`` therefore measures, on held-out predictions,
 for each *kind* of sweep (``predictors.kinds``), because the order is harder to predict
 when the curves cross (τ varies) than when they share one normalised shape (fixed τ).
 
-The scheduler's keep rule (``hpo.decisions.rules``) keeps every trial whose predicted log-final is
+The scheduler's keep rule (``hpo.decisions.keep``) keeps every trial whose predicted log-final is
 within z·σ of the predicted best: under the model each stopped trial had a chance below
 Φ(−z) of beating it.
 
@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
+
+from scipy import special
 
 from predictors.kinds import KIND_GROUPS, SWEEP_KINDS  # the table of kinds lives in predictors.kinds
 
@@ -369,3 +371,51 @@ class RankingError:
                    tuple(HeldOutGroup.from_dict(g) for g in data.get("cross_groups") or []),
                    None if data.get("seed_noise") is None else float(data["seed_noise"]), data.get("seed_noise_source"),
                    tuple(float(n) for n in data.get("swept_sizes") or ()))
+
+
+# ---------------------------------------------------------------------- P(best)
+
+
+def probability_best(log_means: Sequence[float], log_sigmas: Sequence[float]) -> list[float]:
+    """P(trial i has the lowest true final) when trial i's log-final is N(μ_i, σ_i²),
+    independent across trials (σ_i = ranking scale/√2, so that a pair's difference has the
+    ranking scale): P_i = ∫ Π_{j≠i} P(X_j > x) dF_i(x), by quadrature on a grid of
+    ``PROBABILITY_GRID`` bins spanning where the lowest value can fall (F_i's mass per bin
+    times the others' survival at its middle: within 2e-5 of a 8,192-bin grid at 1,250 trials,
+    where 20,000 draws were within ±0.4%). Deterministic, and linear in the trials (a
+    draw-based estimate cost about a second at the last rung of a 10,000-trial sweep).
+
+    Example:
+        >>> [round(float(p), 2) for p in probability_best([0.0, 0.0], [0.01, 0.01])]
+        [0.5, 0.5]
+        >>> round(probability_best([0.0, 0.02], [0.01 / 2 ** 0.5] * 2)[0], 3)  # Φ(2)
+        0.977
+    """
+    mu_all = np.asarray(log_means, dtype=np.float64)
+    sd_all = np.maximum(np.asarray(log_sigmas, dtype=np.float64), 1e-9)
+    if mu_all.size <= 1:
+        return [1.0] * mu_all.size
+    # A trial more than 10 of the largest σ above the best never is the lowest: leave it out.
+    contenders = np.flatnonzero(mu_all - mu_all.min() <= 10.0 * sd_all.max())
+    mu, sd = mu_all[contenders], sd_all[contenders]
+    # The lowest value lies above min(μ − 8σ) and below min(μ + 8σ) but with odds ~1e-15.
+    edges = np.linspace(float(np.min(mu - 8.0 * sd)), float(np.min(mu + 8.0 * sd)), PROBABILITY_GRID + 1)
+    middles = 0.5 * (edges[1:] + edges[:-1])
+    chunk = max(1, 2_000_000 // PROBABILITY_GRID)
+    parts = [slice(i, i + chunk) for i in range(0, mu.size, chunk)]
+
+    def log_survival(part: slice) -> np.ndarray:  # log P(X_j > middle), trials × bins
+        return special.log_ndtr(-(middles[None, :] - mu[part, None]) / sd[part, None])
+
+    everyone = sum(log_survival(part).sum(axis=0) for part in parts)  # Σ_j log P(X_j > x)
+    p = np.empty(mu.size)
+    for part in parts:
+        mass = np.diff(special.ndtr((edges[None, :] - mu[part, None]) / sd[part, None]), axis=1)
+        p[part] = np.sum(mass * np.exp(everyone[None, :] - log_survival(part)), axis=1)
+    out = np.zeros(mu_all.size)
+    out[contenders] = p / p.sum()
+    return [float(v) for v in out]
+
+
+#: Bins of the quadrature in :func:`probability_best`.
+PROBABILITY_GRID = 512

@@ -3,7 +3,7 @@
 A run's controls and identity travel through several places: every report of a trial
 (``hpo.trials.trainable.report_controls``), the MLflow params of its run (``hpo.tracking.runs``), the
 curve bank's columns (``hpo.trials.curve_bank``, ``hpo.calibration.banking``), the replay that re-reports a banked
-curve (``hpo.trials.replay``), the values that name a sweep's kind (``hpo.decisions.rules``), and the columns of
+curve (``hpo.trials.replay``), the values that name a sweep's kind (``predictors.kinds.sweep_kind``), and the columns of
 one point of a curve (``trainers.runner``). Each of those lists derives from :data:`RUN_KEYS`
 and :data:`POINT_KEYS` (:func:`names`), so a key added here reaches every one it is marked for.
 

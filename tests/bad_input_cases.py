@@ -163,6 +163,22 @@ def _resumable_with_binary_state(d: Path) -> None:
     (d / "old" / "scheduler_state.json").write_bytes(bytes(range(256)) * 4)
 
 
+def _resumable_with_another_rule_knob(d: Path) -> None:
+    """A sweep folder `hpo resume` would continue whose decisions were made with the collapse
+    rule at margin_z 0.5, and whose sweep.yaml now says margin_z 1.0."""
+    from hpo.decisions.scheduler_state import RungRecord, SchedulerState
+
+    _resumable_with_binary_state(d)
+    config = yaml.safe_load((d / "old" / "sweep.yaml").read_text())
+    rungs = config.get("scheduler", {}).get("rungs", [0.3])
+    config.setdefault("scheduler", {})["rule"] = {"name": "collapse", "margin_z": 1.0}
+    (d / "old" / "sweep.yaml").write_text(yaml.safe_dump(config))
+    settings = {"rungs": rungs, "decision_mode": "sync", "metric": "loss",
+                "rule": {"name": "collapse", "margin_z": 0.5, "read_sweep": True}}
+    SchedulerState(settings=settings, experiment_id="e", rungs=[RungRecord(i, f) for i, f in enumerate(rungs)]).save(
+        d / "old" / "scheduler_state.json")
+
+
 def _duplicate_key_predictor(d: Path) -> None:
     text = (REPO / "hpo/data/predictors/default.json").read_text()
     (d / "p.json").write_text(text.replace('"schema_version": 4,', '"schema_version": 4,\n  "schema_version": 4,', 1))
@@ -324,6 +340,8 @@ CASES: list[Case] = [
          ["sweep", "s.yaml", "--set", f"trainer.tau={DEEP_KEYS}"], _yaml(sweep_config()), ("--set trainer.tau", "nested deeper")),
     Case("resume_binary_state", "`hpo resume` on a folder whose scheduler state file is binary", ["resume", "old"],
          _resumable_with_binary_state, ("scheduler_state.json", "binary")),
+    Case("resume_other_rule_knob", "`hpo resume` with a rule knob other than the one its decisions were made with",
+         ["resume", "old"], _resumable_with_another_rule_knob, ("scheduler.rule", "margin_z=1", "margin_z=0.5")),
     Case("curve_file_fifo", "a curve file that is a FIFO", ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
          lambda d: os.mkfifo(d / "curves.csv"), ("curves.csv", "FIFO")),
     Case("empty_search_space", "an empty search space (`search_space: {}`)", ["sweep", "s.yaml"],

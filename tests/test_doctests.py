@@ -28,7 +28,7 @@ MODULES = modules_with_examples()
 
 
 def test_the_list_is_derived_and_covers_the_known_examples() -> None:
-    assert {"predictors.ranking", "hpo.decisions.rules", "hpo.trials.simulator", "predictors.curves",
+    assert {"predictors.ranking", "hpo.decisions.keep.evidence", "hpo.trials.simulator", "predictors.curves",
             "predictors.references"} <= set(MODULES)
 
 

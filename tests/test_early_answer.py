@@ -65,3 +65,26 @@ def test_early_answer_says_which_order_decided_and_why() -> None:
 def test_a_revised_answer_says_which_pick_it_replaces() -> None:
     text = early_answer_text({**ANSWER, "revised": {"from": "t1", "why": "late arrival", "revisions": 1}})
     assert text.splitlines()[0].endswith("(revised: replaces t1)")
+
+
+def test_hpo_sweep_with_asha_announces_the_rungs_pick_in_asha_order(tmp_path: Path) -> None:
+    # End to end through `hpo sweep` (run_sweep): with scheduler.rule asha and one rung, the early
+    # answer names the trial the rung recorded as its pick and the order ASHA ranked by (the
+    # losses at the rung), not the calibrated order's pick among the survivors.
+    import ray
+
+    from hpo.service.sweep import run_sweep
+    from hpo.trials.sweep_config import load_sweep_config
+    from sweep_fixtures import tiny_sweep
+
+    output = tmp_path / "out"
+    try:
+        outcome = run_sweep(load_sweep_config(data=tiny_sweep(output, rule="asha", rungs=[0.3])))
+    finally:
+        ray.shutdown()
+    assert outcome["errors"] == []
+    answer = json.loads((output / "predicted_best.json").read_text())
+    rung = json.loads((output / "scheduler_state.json").read_text())["rungs"][-1]
+    assert answer["trial_id"] == rung["predicted_best"] == rung["current_best"]
+    assert answer["order"] == "losses at the rung" and rung["order_weight"] == 0.0
+    assert "ranked by the sweep's keep rule (ASHA" in early_answer_text(answer)

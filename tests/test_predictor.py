@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from predictors import AlignSettings, Controls, Curve, DecisionError, Predictor, SurrogateParams, fit
+from predictors.curves import compute_fraction
+from predictors.prediction import predict_at_rung
 from predictors.predictor import SCHEMA_VERSION
 from predictors.schedules import Schedule
 
@@ -272,3 +274,26 @@ def _shipped_path():
     from hpo.data import default_predictor_path
 
     return default_predictor_path()
+
+
+def test_compute_fraction_is_token_weighted_and_counts_redone_work() -> None:
+    assert compute_fraction({"a": 1.0, "b": 0.1}) == pytest.approx(0.55)
+    assert compute_fraction({"a": 1.0, "b": 0.1}, {"a": 3.0, "b": 1.0}) == pytest.approx(3.1 / 4)
+    # A trial restarted from scratch after 0.3 (no checkpoint) trained 0.3 twice.
+    assert compute_fraction({"a": 1.0}, extra={"a": 0.3}) == pytest.approx(1.3)
+    assert compute_fraction({"a": 1.2, "b": -0.1}) == pytest.approx(0.5)  # clipped to [0, 1]
+
+
+def test_the_cut_is_the_same_in_the_fit_error_and_at_the_rung() -> None:
+    # fit() measures e(s) on Curve.head(s); the scheduler predicts from rung_cut: both keep the
+    # points up to and including the first at or past s.
+    from predictors import Controls, Curve
+    from predictors.curves import rung_cut
+
+    t = np.array([0.05, 0.08, 0.11, 0.14, 0.2, 0.31, 1.0])
+    curve = Curve(t, 2.0 + (1 - t), Controls(0.3, 20.0))
+    for s in (0.1, 0.2, 0.3):
+        head_t, _ = curve.head(s)
+        pred = predict_at_rung(None, t, curve.loss, None, s)
+        assert head_t.size == rung_cut(t, s) == pred.n_points
+        assert head_t[-1] >= s - 1e-9 and (head_t.size == 1 or head_t[-2] < s)

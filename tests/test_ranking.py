@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import doctest
+import math
 
 import numpy as np
 import pytest
 
 import predictors.ranking
 from hpo.calibration.ranking_error import probit_scale
-from predictors.ranking import KindError, RankingError
+from predictors.ranking import KindError, RankingError, probability_best
 
 
 def test_docstring_examples_run() -> None:
@@ -122,3 +123,13 @@ def test_a_sweep_at_a_size_calibrated_without_sweeps_is_judged_off_in_size() -> 
     assert table.order_at(0.3, "lambda", table.sized([], [1e5])).scale == 0.01
     old = RankingError.from_dict({key: v for key, v in table.to_dict().items() if key != "swept_sizes"})
     assert old.sized([], [3.9e5]) == [] and RankingError.from_dict(table.to_dict()) == table
+
+
+def test_probability_best_follows_the_gap_and_the_scale() -> None:
+    # Equal predictions: a coin flip; a gap of 2σ_pair: the leader is best ~92% of the time.
+    assert probability_best([0.0, 0.0], [0.01, 0.01]) == pytest.approx([0.5, 0.5], abs=0.01)
+    sigma_pair = 0.01
+    p = probability_best([0.0, 2 * sigma_pair], [sigma_pair / math.sqrt(2)] * 2)
+    assert p[0] == pytest.approx(0.977, abs=0.005) and sum(p) == pytest.approx(1.0)
+    many = probability_best(list(np.linspace(0, 0.05, 6)), [0.01] * 6)
+    assert many[0] == max(many) and many == sorted(many, reverse=True)

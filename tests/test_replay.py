@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pytest
 
-from hpo.decisions import rules
+from predictors.curves import is_finished
 from hpo.trials.curve_bank import append_runs, curve_frame
 from hpo.trials.replay import (
 
@@ -204,7 +204,7 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     assert keys.n > 0 and keys.missing == set()
     o = outcome_from_reached("syn", "collapse", reached, true_finals(frame), seed_noise(frame, runs).std)
     assert o.pick == "c" and o.picked_best and o.regret == 0.0 and o.tie is True
-    assert o.compute == pytest.approx(0.34) and rules.is_finished(reached["c"])
+    assert o.compute == pytest.approx(0.34) and is_finished(reached["c"])
     # The offline simulator (what the decision benchmark runs) makes the same decisions on the
     # same curves: same keep set at every rung, same t̂ reached.
     from hpo.trials.simulator import SimulatedSweep

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from hpo.decisions import rules
+from hpo.decisions.keep.collapse import DEFAULT_MARGIN_Z
 from hpo.trials.sweep_config import SchedulerSettings
 from hpo.decisions.scheduler import CollapseScheduler
 from hpo.decisions.scheduler_state import SchedulerState, StateFileError
@@ -215,6 +216,8 @@ def sched(**kw: Any) -> CollapseScheduler:
     kw.setdefault("mode", "min")
     kw.setdefault("min_points", 2)
     kw.setdefault("rungs", (0.1, 0.2, 0.3))  # the mechanics of three rungs (the shipped default has one)
+    if "margin_z" in kw:  # the collapse rule's knob
+        kw["rule"] = {"name": "collapse", "margin_z": kw.pop("margin_z")}
     s = CollapseScheduler(**kw)
     s._strict = True  # re-raise internal errors in tests instead of logging them
     return s
@@ -480,8 +483,8 @@ def test_margin_z_and_a_predictor_without_ranking_error():
     # The default z is the decision core's (one home), and the sweep config's default too.
     s = sched(rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}))
     FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]).run(workers=2)
-    assert s.state.rungs[0].margin == pytest.approx(rules.DEFAULT_MARGIN_Z * 0.02)
-    assert SchedulerSettings().margin_z == rules.DEFAULT_MARGIN_Z
+    assert s.state.rungs[0].margin == pytest.approx(DEFAULT_MARGIN_Z * 0.02)
+    assert SchedulerSettings().rule["margin_z"] == DEFAULT_MARGIN_Z
 
 
 # Asserts: the margin comes from the kind of sweep the trials form, read from their configs
@@ -1361,3 +1364,64 @@ def test_survivor_still_saving_its_pause_is_resumed():
     assert s.choose_trial_to_run(ctl) is None  # a is still RUNNING (its save has not ended)
     a.set_status(Trial.PAUSED)  # the save ends: Ray applies the cached PAUSE
     assert s.choose_trial_to_run(ctl) is a
+
+
+class WobblyFakePredictor(FakePredictor):
+    """A FakePredictor whose predictions move between looks (a per-trial drift with t̂) and whose
+    curves miss the shape (a residual per trial), with a calibrated order of σ 1% on the finals."""
+
+    def predict_final(self, t_hat: np.ndarray, loss: np.ndarray, controls: Any) -> FakePrediction:
+        p = super().predict_final(t_hat, loss, controls)
+        drift = 1.0 + 0.05 * math.sin(37.0 * controls.tau) * float(t_hat[-1])
+        return FakePrediction(p.final_loss * drift, p.uncertainty, p.stop_fraction, n_points=p.n_points,
+                              residual=0.01 * controls.tau)
+
+    def ranking_order(self, stop_fraction: float, kind: str, controls: Any = ()) -> Any:
+        from predictors.ranking import Order
+
+        return Order(1.0, 0.01, f"{kind} sweeps (test table)")
+
+
+# Asserts: async (four trials arriving one by one) records the margin the rule applied, to the
+# digit the sync decision on the same trials records (z·√(σ_cal² + σ_moved² + σ_misfit²), not
+# z·σ_cal), and the last arrival's reason states that same margin.
+def test_async_and_sync_record_the_margin_the_rule_applied():
+    trials = lambda: [stub(t, final=f, tau=tau) for t, f, tau in  # noqa: E731
+                      [("a", 1.00, 0.3), ("b", 1.02, 0.4), ("c", 1.04, 0.5), ("d", 1.06, 0.6)]]
+    synced = sched(rungs=(0.3,), margin_z=0.5, predictor=WobblyFakePredictor())
+    FakeController(synced, trials()).run(workers=4)
+    arrived = sched(rungs=(0.3,), margin_z=0.5, predictor=WobblyFakePredictor(), decision_mode="async")
+    FakeController(arrived, trials()).run(workers=1)
+    sync_rung, async_rung = synced.state.rungs[0], arrived.state.rungs[0]
+    assert sync_rung.margin > 0.5 * 0.01 * 1.2  # wider than z·σ_calibrated: the sweep's evidence is in it
+    assert async_rung.margin == pytest.approx(sync_rung.margin, rel=1e-12)
+    assert async_rung.margin_source == sync_rung.margin_source and "moved since the last look" in sync_rung.margin_source
+    last = list(async_rung.entries.values())[-1]  # the entries in the order they arrived
+    assert f"{100 * sync_rung.margin:.2f}%" in last.reason and "(against 3 recorded)" in last.reason
+    assert async_rung.sigma == pytest.approx(sync_rung.sigma) and sync_rung.sigma > 0.01
+
+
+# Asserts: whatever rule decided the last rung, the early answer names the rung's pick and ranks
+# by the rule's order, and states P(best) only where the σ of that order is known. Trial a has
+# the best predicted final but a high loss at the rung (τ 0.9); b has the lowest loss there.
+@pytest.mark.parametrize("rule, pick, order, p_stated", [
+    ("asha", "b", "losses at the rung", False), ("current-best", "b", "losses at the rung", False),
+    ({"name": "top-k", "k": 2}, "a", "predicted finals", True), ("collapse", "a", "predicted finals", True)])
+def test_the_early_answer_follows_the_rule_that_decided(rule, pick, order, p_stated):
+    answers: list[dict] = []
+    s = sched(rungs=(0.3,), rule=rule, predictor=RankedFakePredictor({0.3: 0.02}), on_early_answer=answers.append)
+    FakeController(s, [stub("a", final=1.00, tau=0.9), stub("b", final=1.05, tau=0.1), stub("c", final=1.03, tau=0.3),
+                       stub("d", final=1.20, tau=0.8)]).run(workers=4)
+    rung = s.state.rungs[0]
+    assert len(answers) == 1 and answers[0]["trial_id"] == rung.predicted_best == pick
+    assert answers[0]["order"] == order and (answers[0]["probability_best"] is not None) == p_stated
+
+
+# Asserts: a resume whose rule has another knob than the state's is refused in one line naming both.
+def test_resume_with_another_rule_knob_is_refused(tmp_path):
+    path = tmp_path / "scheduler_state.json"
+    sched(state_path=path, margin_z=0.5).flush()
+    with pytest.raises(ValueError) as refused:
+        sched(state_path=path, margin_z=1.0, resume=True)
+    assert "\n" not in str(refused.value) and "margin_z=0.5" in str(refused.value) and "margin_z=1" in str(refused.value)
+    sched(state_path=path, margin_z=0.5, resume=True)  # the same knobs resume

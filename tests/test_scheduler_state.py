@@ -241,11 +241,11 @@ def test_waiting_rung_predicate():
 
 def test_debug_string_states_the_default_margin_z():
     # Settings that omit margin_z state the default the scheduler uses (it printed 1.0).
-    from hpo.decisions.rules import DEFAULT_MARGIN_Z
+    from hpo.decisions.keep.collapse import DEFAULT_MARGIN_Z
 
     state = _state()
     state.settings = {"rungs": [0.1], "decision_mode": "sync", "margin": "calibrated"}
-    assert f"calibrated, z={DEFAULT_MARGIN_Z:g}" in state.debug_string() and DEFAULT_MARGIN_Z != 1.0
+    assert f"rule collapse (margin_z={DEFAULT_MARGIN_Z:g})" in state.debug_string() and DEFAULT_MARGIN_Z != 1.0
 
 
 def test_binary_state_file_names_the_file(tmp_path):

@@ -102,7 +102,8 @@ def test_mlflow_parent_and_children(finished_sweep: Path) -> None:
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
     assert sorted(c.info.run_name for c in children) == ["lr=0.0025", "lr=0.01", "lr=0.04", "lr=0.16"]
     parent = parents[0].data
-    for key in ("scheduler.margin_z", "scheduler.reduction_factor", "scheduler.tolerance", "scheduler.rungs"):
+    for key in ("scheduler.rule", "scheduler.rule.margin_z", "scheduler.reduction_factor", "scheduler.tolerance",
+                "scheduler.rungs"):
         assert key in parent.params, key
     answer = json.loads((finished_sweep / "predicted_best.json").read_text())
     note = parent.tags["mlflow.note.content"]
@@ -257,7 +258,7 @@ def test_the_mlflow_ui_opens_on_the_sweep_in_a_browser(finished_sweep: Path) -> 
         text = _rendered_text(f"{ui}/#/experiments/{where['experiment_id']}/runs/{parent.info.run_id}"
                               "?workflowType=machine_learning", chromium)
         assert f"Early answer (at {100 * answer['rung']:.0f}% of training): trial {answer['trial_id']}" in text
-        assert "pick_predicted_final_loss" in text and "compute_used" in text and "scheduler.margin_z" in text
+        assert "pick_predicted_final_loss" in text and "compute_used" in text and "scheduler.rule.margin_z" in text
         assert "Child runs" in text and all(name in text for name in ("lr=0.0025", "lr=0.01", "lr=0.04", "lr=0.16"))
     finally:
         import os

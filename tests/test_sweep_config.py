@@ -122,13 +122,16 @@ def test_non_mapping_yaml_rejected(tmp_path: Path) -> None:
 def test_margin_defaults_to_calibrated_and_bad_margins_name_the_field() -> None:
     # The keep-margin defaults to the predictor's calibrated ranking error; a fixed log margin
     # works; a negative number, an unknown word or a mapping is refused in one line naming the
-    # field, as is a negative margin_z.
+    # field, as is a negative margin_z (the collapse rule's knob: its constructor says so).
     assert load_sweep_config(data=BASE).scheduler.margin == "calibrated"
     assert load_sweep_config(data=BASE, overrides=("scheduler.margin=0.02",)).scheduler.margin == 0.02
     for bad in ("scheduler.margin=-1", "scheduler.margin=wide", "scheduler.margin={0.25: 1.0}"):
         message = _error(BASE, bad)
         assert "scheduler.margin" in message and "\n" not in message.strip()
-    assert "scheduler.margin_z" in _error(BASE, "scheduler.margin_z=-2")
+    for bad in ("scheduler.margin_z=-2", "scheduler.rule.margin_z=-2", "scheduler.rule={name: collapse, margin_z: -2}"):
+        message = _error(BASE, bad)
+        assert "scheduler.rule" in message and "margin_z: must be" in message and "\n" not in message.strip()
+    assert load_sweep_config(data=BASE, overrides=("scheduler.rule.margin_z=1",)).scheduler.rule["margin_z"] == 1.0
 
 
 def test_tolerance_defaults_to_the_seed_noise_and_is_in_loss_units() -> None:

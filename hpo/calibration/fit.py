@@ -265,7 +265,7 @@ def choose_offset(curves: Sequence[Any], settings: FitSettings, fractions: Seque
     ladder L̂ = 0 left b(τ) rising with τ, against the paper's finding, and a 124M η sweep's
     predicted finals in the loss order; fitting L̂ gave b(τ) falling with τ and a third of the
     held-out error (docs/public_bench.md)."""
-    from hpo.decisions import rules
+    from predictors.prediction import predict_at_rung
     from hpo.trials.replay import curve_points
 
     sizes = sorted({c.controls.n_params for c in curves if c.controls.n_params})
@@ -281,7 +281,7 @@ def choose_offset(curves: Sequence[Any], settings: FitSettings, fractions: Seque
             for curve in held:
                 points = curve_points(curve)
                 for s in fractions:
-                    pred = rules.predict_at_rung(predictor, [p["train_fraction"] for p in points],
+                    pred = predict_at_rung(predictor, [p["train_fraction"] for p in points],
                                                  [p["loss"] for p in points], points[0], s)
                     if pred.final_loss is not None:
                         errors[s].append(abs(pred.final_loss / curve.final_loss - 1.0))

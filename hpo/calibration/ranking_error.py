@@ -18,10 +18,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from hpo.calibration.held_out import SCALE_GROUPINGS, HeldOutPredictions, Method, Refits, groups_of, prediction_at, refit_method
-from hpo.decisions.rules import SWEEP_VALUE_KEYS
 from predictors import Curve
 from predictors.curves import controls_with_size, curve_size, rung_cut
-from predictors.kinds import SWEEP_KINDS
+from predictors.kinds import SWEEP_KINDS, SWEEP_VALUE_KEYS, kind_groups, sweep_values
 from predictors.predictor import DECISION_FRACTIONS, Predictor
 
 #: Most refits a ranking-error measurement makes: sweeps are held out together, in this many
@@ -30,28 +29,25 @@ RANKING_FOLDS = 10
 
 
 def sweep_items(curves: Sequence[Curve]) -> dict[str, dict[str, Any]]:
-    """Curve name → its sweep values (``hpo.decisions.rules.sweep_values`` of meta and controls) plus
-    seeds: what :func:`hpo.decisions.rules.kind_groups` groups curves into sweeps by."""
-    from hpo.decisions import rules
-
+    """Curve name → its sweep values (``predictors.kinds.sweep_values`` of meta and controls) plus
+    seeds: what :func:`predictors.kinds.kind_groups` groups curves into sweeps by."""
     out = {}
     for i, c in enumerate(curves):
         source = {**{k: v for k, v in c.meta.items() if v is not None}, **c.controls.to_dict()}
-        values = rules.sweep_values(source)
+        values = sweep_values(source)
         values["seed"], values["data_seed"] = c.meta.get("seed"), c.meta.get("data_seed")
         out[str(c.meta.get("name", i))] = values
     return out
 
 
 def ranking_groups(curves: Sequence[Curve]) -> dict[str, list[list[int]]]:
-    """Kind of sweep → its sweeps in the bank, as lists of curve indices (``hpo.decisions.rules``)."""
-    from hpo.decisions import rules
+    """Kind of sweep → its sweeps in the bank, as lists of curve indices (``predictors.kinds.kind_groups``)."""
 
     items = sweep_items(curves)
     index = {name: i for i, name in enumerate(items)}
     out = {}
     for kind in SWEEP_KINDS:
-        groups = [[index[n] for n in g] for g in rules.kind_groups(items, kind)]
+        groups = [[index[n] for n in g] for g in kind_groups(items, kind)]
         if groups:
             out[kind] = groups
     return out

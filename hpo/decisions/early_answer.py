@@ -1,7 +1,7 @@
 """The early answer: the predicted-best config, announced the moment the last rung is decided.
 
 What it says is composed here (:func:`compose_early_answer`, :func:`revise`) from the last
-rung's record and the rules (:mod:`hpo.decisions.rules`); ``CollapseScheduler`` only decides when. It is
+rung's record: the decision the configured rule made there (``RungRecord.record``); ``CollapseScheduler`` only decides when. It is
 printed to the terminal, written to ``<output>/predicted_best.json`` and published on the
 MLflow parent run (tags and a JSON artifact, ``hpo.tracking.runs.SweepTracker.publish_early_answer``),
 while the surviving trial keeps training.
@@ -12,38 +12,41 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from rich.console import Console
 
-from hpo.decisions import rules
+from hpo.decisions.keep.evidence import rank_key, score
+from predictors.ranking import Order, probability_best
 from hpo.decisions.scheduler_records import RungRecord, TrialRecord
 from predictors.kinds import SWEEP_KINDS
 from predictors.io import atomic_write_json, json_safe
 
 
 def compose_early_answer(
-    rung: RungRecord, trials: Mapping[str, TrialRecord], *, margin_for: Callable[[Sequence[str]], rules.Margin],
-    margin_text: str, predictor: Any, decision_mode: str, compute_fraction: float, decided_at: str,
-    metric: str = "loss",
+    rung: RungRecord, trials: Mapping[str, TrialRecord], *, margin_text: str, predictor: Any, decision_mode: str,
+    compute_fraction: float, decided_at: str, metric: str = "loss",
 ) -> Optional[dict[str, Any]]:
-    """The early answer from the last rung's record: the best survivor by the rung's order,
-    its P(best) among the trials ranked there, the predictor's value error for it, and what
-    the rung was decided with (``metric``: the loss ranked, ``scheduler.metric``). None when no
-    survivor has a prediction. ``margin_for(ids)`` is
-    the rung's margin for those trials (``hpo.decisions.rules.rung_margin``)."""
+    """The early answer from the last rung's record, whatever rule decided it: its pick (the
+    trial the rule ranked best, while it survives; else the best survivor in the rule's order),
+    P(best) among the trials ranked there in that order with the σ the rule used (None: that
+    order's error is unknown), the predictor's value error for the pick, and what the rung was
+    decided with (``metric``: the loss ranked, ``scheduler.metric``). None when no survivor has
+    a prediction."""
     kept = [rung.entries[t] for t in rung.survivors if rung.entries[t].predicted_final_loss is not None]
     if not kept:
         return None
     weight = rung.order_weight
-    best = min(kept, key=lambda e: rules._rank_key(e.candidate(), weight))
-    # P(best) among the trials ranked at this rung, by the rung's order: each score
-    # normal with the order's ranking scale / √2 (a pair's difference has the scale).
+    best = next((e for e in kept if e.trial_id == rung.predicted_best), None) or \
+        min(kept, key=lambda e: rank_key(e.candidate(), weight))
+    # P(best) among the trials ranked at this rung, by the rule's order: each score normal with
+    # the order's σ / √2 (a pair's difference has σ).
     ranked = [e for e in rung.entries.values() if e.predicted_final_loss is not None]
-    m = margin_for([e.trial_id for e in ranked])
-    sigma = max(m.sigma, 1e-6) / math.sqrt(2)
-    p_best = rules.probability_best([rules.score(e.candidate(), weight) for e in ranked], [sigma] * len(ranked))
-    probability = dict(zip([e.trial_id for e in ranked], p_best)).get(best.trial_id) if m.sigma else None
+    probability = None
+    if rung.sigma:
+        p_best = probability_best([score(e.candidate(), weight) for e in ranked],
+                                  [rung.sigma / math.sqrt(2)] * len(ranked))
+        probability = dict(zip([e.trial_id for e in ranked], p_best)).get(best.trial_id)
     value_error = getattr(predictor, "relative_error", None)
     rec = trials[best.trial_id]
     try:
@@ -55,7 +58,7 @@ def compose_early_answer(
         "uncertainty": best.uncertainty, "value_error": e_value,
         "probability_best": probability, "n_candidates": len(ranked),
         "margin": rung.margin, "margin_text": margin_text, "kind": rung.kind,
-        "order": m.order, "order_weight": weight, "order_words": rung.margin_source,
+        "order": Order(weight, None, "").name, "order_weight": weight, "order_words": rung.margin_source,
         "kept_all": bool(rung.kept_all), "compute_fraction": compute_fraction,
         "rung": rung.fraction, "kept": list(rung.survivors), "current_best": rung.current_best,
         "decision_mode": decision_mode, "decided_at": decided_at, "metric": metric,

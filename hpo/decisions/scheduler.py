@@ -2,9 +2,8 @@
 
 At each decision fraction ("rung", e.g. t̂ = 0.1, 0.2, 0.3 of training) every trial's partial,
 smoothed loss curve is handed to the predictor (paper §5 step 5) and the trials are ranked by
-their predicted final loss. The rules live in :mod:`hpo.decisions.rules` (the cut, the prediction at a
-rung, the kind of sweep, the keep rule and its margin, the probability that the pick is the
-best, compute accounting). This module is what Ray Tune calls (``TrialScheduler``'s hooks) and
+their predicted final loss, by the configured keep rule (:mod:`hpo.decisions.keep`: evidence in,
+a decision out). This module is what Ray Tune calls (``TrialScheduler``'s hooks) and
 when to decide; around it, one concept each: ``hpo.decisions.scheduler_judge`` (the rules applied at a
 rung), ``hpo.decisions.scheduler_records``/``hpo.decisions.scheduler_state`` (trials, rungs, their transitions and
 their file), ``hpo.decisions.scheduler_contract`` (what a result must carry), ``hpo.decisions.scheduler_queue``
@@ -47,9 +46,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequen
 from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
-from hpo.decisions import rules
 from hpo.decisions.early_answer import compose_early_answer, revise
-from hpo.decisions.scheduler_contract import (ReportReader, SchedulerContractError, check_arguments, check_mode,
+from hpo.decisions.scheduler_contract import (DEFAULT_RUNGS, ReportReader, SchedulerContractError, check_arguments, check_mode,
                                               guarded, notify)
 from hpo.decisions.keep import KeepRule, make_rule
 from hpo.decisions.scheduler_judge import RungJudge
@@ -57,6 +55,7 @@ from hpo.decisions.scheduler_queue import RunQueue, first_by_walk
 from hpo.decisions.scheduler_state import (RungDecision, RungRecord, RungWalk, SchedulerState, StateStore, TrialRecord,
                                  TrialStatus, utc_now)
 from predictors.curves import T_HAT_EPS
+from predictors.prediction import DEFAULT_MIN_POINTS
 from predictors.io import json_safe
 
 if TYPE_CHECKING:
@@ -64,7 +63,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MIN_POINTS = rules.DEFAULT_MIN_POINTS
 #: Ray's trial status as the scheduler's (TERMINATED: finished, unless a rung stopped it).
 _RAY_TO_STATUS = {Trial.PENDING: TrialStatus.PENDING, Trial.RUNNING: TrialStatus.RUNNING,
                   Trial.PAUSED: TrialStatus.PAUSED, Trial.TERMINATED: TrialStatus.COMPLETED,
@@ -85,14 +83,11 @@ class CollapseScheduler(FIFOScheduler):
         time_attr: the result key holding t̂.
         rungs: the decision fractions, strictly increasing in (0, 1).
         reduction_factor: at intermediate rungs the best ⌈n/rf⌉ continue (> 1).
-        margin: ``"calibrated"`` (default): keep every trial whose predicted log-final is within
-            ``margin_z`` × the predictor's ranking scale (for the sweep's kind, at the rung) of
-            the predicted best; or a number ≥ 0: that margin in log units (0.02 ≈ 2%) at every
-            rung; 0 keeps exactly the rule's survivors (``hpo.decisions.rules``).
-        margin_z: the calibrated margin in units of the rung's σ (default 0.5: stop a trial when
-            its chance of ending better than the predicted best is below Φ(−0.5) ≈ 31%).
+        margin: ``"calibrated"`` (default): the rule's own margin (the collapse rule: z·σ of the
+            order calibration measured for the sweep's kind, at the rung); or a number ≥ 0:
+            that margin in log units (0.02 ≈ 2%) on the predicted finals at every rung.
         tolerance: how close two final losses must be to count as the same result (loss units;
-            None: the seed noise the predictor measured; ``hpo.decisions.rules.keep_rule``).
+            None: the seed noise the predictor measured; ``hpo.decisions.keep.evidence.keep_rule``).
         decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
         state_path: where ``scheduler_state.json`` is written after every rung decision (and,
             throttled, on results), the curves appended to ``scheduler_state.history.jsonl``
@@ -105,8 +100,10 @@ class CollapseScheduler(FIFOScheduler):
         on_early_answer: called with the early answer (``hpo.decisions.early_answer.compose_early_answer``),
             again only when a revision names another trial.
             Both callbacks must be picklable; what they raise is logged.
-        rule: the keep rule (``hpo.decisions.keep``): ``"collapse"`` (default; ``margin_z`` is its
-            z), ``"asha"``, ``"current-best"``, ``"paired-test"``, or a ``KeepRule``.
+        rule: the keep rule and its knobs (``hpo.decisions.keep.make_rule``): a name
+            (``"collapse"``, the default, ``"asha"``, ``"current-best"``, ``"top-k"``,
+            ``"paired-test"``), ``{"name": "collapse", "margin_z": 0.5}``, or a ``KeepRule``. Its
+            constructor checks its knobs; ``rule.settings()`` is recorded in the state file.
         min_points: fewest history points up to the rung needed to predict; a trial with fewer
             is kept and does not count towards ⌈n/rf⌉.
         persist_interval_s: least time between two throttled writes on results.
@@ -120,25 +117,24 @@ class CollapseScheduler(FIFOScheduler):
 
     def __init__(
         self, *, predictor: Any, metric: Optional[str] = None, mode: Optional[str] = None,
-        time_attr: str = "train_fraction", rungs: Sequence[float] = rules.DEFAULT_RUNGS,
+        time_attr: str = "train_fraction", rungs: Sequence[float] = DEFAULT_RUNGS,
         reduction_factor: float = 2, margin: Union[str, float] = "calibrated",
-        margin_z: float = rules.DEFAULT_MARGIN_Z, tolerance: Optional[float] = None, decision_mode: str = "sync",
+        tolerance: Optional[float] = None, decision_mode: str = "sync",
         state_path: Optional[Union[str, Path]] = None,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_decision: Optional[Callable[[Dict[str, Any]], None]] = None,
         min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0, resume: bool = False,
-        rule: Union[str, KeepRule] = "collapse",
+        rule: Union[str, Mapping[str, Any], KeepRule] = "collapse",
     ) -> None:
         super().__init__()
         fractions = check_arguments(predictor=predictor, mode=mode, rungs=rungs, reduction_factor=reduction_factor,
                                     decision_mode=decision_mode, min_points=min_points, margin=margin,
-                                    margin_z=margin_z, tolerance=tolerance)
+                                    tolerance=tolerance)
         self._metric, self._mode, self._time_attr = metric, mode, time_attr
         self._rungs, self._decision_mode = fractions, decision_mode
-        keep_rule = make_rule(rule, z=float(margin_z)) if rule == "collapse" else make_rule(rule) if isinstance(rule, str) else rule
-        self._judge = RungJudge(predictor, fractions, float(reduction_factor), margin, float(margin_z),
+        self._judge = RungJudge(predictor, fractions, float(reduction_factor), margin,
                                 None if tolerance is None else float(tolerance), int(min_points), decision_mode,
-                                rule=keep_rule)
+                                make_rule(rule))
         self._state_path = Path(state_path).resolve() if state_path is not None else None
         self._on_early_answer, self._on_decision = on_early_answer, on_decision
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
@@ -244,7 +240,7 @@ class CollapseScheduler(FIFOScheduler):
     # ------------------------------------------------------------------ the rungs
 
     def compute_fraction(self) -> float:
-        """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.decisions.rules.compute_fraction`)."""
+        """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`predictors.curves.compute_fraction`)."""
         return self._state.compute_fraction()
 
     def _enter_rungs(self, tc: Optional["TuneController"], rec: TrialRecord, trigger: bool) -> bool:
@@ -365,8 +361,7 @@ class CollapseScheduler(FIFOScheduler):
         """The early answer from the last rung as it stands (``hpo.decisions.early_answer``)."""
         r, trials = len(self._rungs) - 1, self._state.trials
         return compose_early_answer(
-            self._state.rungs[r], trials, margin_for=lambda ids: self._judge.margin_for(
-                r, [trials[t] for t in ids if t in trials]), margin_text=self.margin_text(r),
+            self._state.rungs[r], trials, margin_text=self.margin_text(r),
             predictor=self._judge.predictor, decision_mode=self._decision_mode,
             compute_fraction=self.compute_fraction(), decided_at=utc_now(), metric=str(self._metric))
 
@@ -548,9 +543,8 @@ class CollapseScheduler(FIFOScheduler):
         return self._state.summary(self.compute_fraction())
 
     def margin_text(self, r: int, short: bool = False) -> str:
-        """The keep-margin of rung ``r`` in words (the one it was decided with, else the one
-        it would get for the trials registered now)."""
-        return self._judge.margin_text(self._state.rungs[r], self._state.trials, short)
+        """The keep-margin rung ``r`` was decided with, in words."""
+        return self._judge.margin_text(self._state.rungs[r], short)
 
     def debug_string(self) -> str:
         """One header line, then a line per rung (``SchedulerState.debug_string``)."""

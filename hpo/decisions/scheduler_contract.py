@@ -14,7 +14,7 @@ import logging
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
-from hpo.decisions import rules
+from predictors.kinds import sweep_values
 from hpo.common.errors import InputError, announce, exit_2_on_uncaught
 from hpo.decisions.scheduler_records import TrialRecord
 from predictors.controls import Controls
@@ -110,7 +110,7 @@ class ReportReader:
             # A trial's controls do not change: read them once per process (and until found).
             merged = {**flat(rec.config), **result}
             rec.controls = self._controls(rec.trial_id, merged)
-            rec.sweep_values = rules.sweep_values(merged)
+            rec.sweep_values = sweep_values(merged)
             self.controls_read.add(rec.trial_id)
         value = finite_or_none(result.get(metric))
         return Reading(t, None if value is None or bool(result.get("diverged", False)) else value)
@@ -161,6 +161,9 @@ class ReportReader:
 
 
 DECISION_MODES = ("sync", "async", "audit")
+#: The default rungs: one at t̂ = 0.3, chosen leave-one-corpus-out with the collapse rule's
+#: margin_z (``benchmarks/decisions.py::select_default``; docs/decisions.md).
+DEFAULT_RUNGS = (0.3,)
 
 
 def check_mode(mode: Optional[str]) -> None:
@@ -190,7 +193,7 @@ def check_rungs(rungs: Any) -> list[float]:
 
 
 def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reduction_factor: float,
-                    decision_mode: str, min_points: int, margin: Any, margin_z: float,
+                    decision_mode: str, min_points: int, margin: Any,
                     tolerance: Optional[float]) -> list[float]:
     """``CollapseScheduler``'s arguments checked (a ValueError naming the first bad one); the
     rung fractions as floats."""
@@ -207,8 +210,6 @@ def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reductio
     if margin != "calibrated" and not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
                                        and math.isfinite(margin) and margin >= 0):
         raise ValueError(f"margin: must be 'calibrated' or a finite number >= 0, got {margin!r}")
-    if not (math.isfinite(float(margin_z)) and float(margin_z) >= 0):
-        raise ValueError(f"margin_z: must be a finite number >= 0, got {margin_z!r}")
     if tolerance is not None and not (math.isfinite(float(tolerance)) and float(tolerance) >= 0):
         raise ValueError(f"tolerance: must be a finite loss difference >= 0, got {tolerance!r}")
     return fractions

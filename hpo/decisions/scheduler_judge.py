@@ -1,7 +1,7 @@
-"""The rules of :mod:`hpo.decisions.rules` applied at the rungs of one :class:`hpo.decisions.scheduler.CollapseScheduler`:
-a trial's prediction at a rung, the rung's margin for its trials, the keep rule over the
-trials waiting there (sync/audit) and the judgement of one arrival (async, or late). The
-verdicts are written into the records (:mod:`hpo.decisions.scheduler_records`); when to judge, and what
+"""The keep rule (:mod:`hpo.decisions.keep`) applied at the rungs of one
+:class:`hpo.decisions.scheduler.CollapseScheduler`: a trial's prediction at a rung, the rung's
+evidence, the rule's decision over the trials waiting there (sync/audit) and over one arrival
+(async, or late). The decisions are written into the records by one path (``RungRecord.record``) (:mod:`hpo.decisions.scheduler_records`); when to judge, and what
 Ray is told, is the scheduler's.
 """
 
@@ -14,8 +14,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from hpo.decisions import rules
-from hpo.decisions.keep import CollapseRule, KeepRule, RungEvidence, TrialEvidence
+from predictors.curves import rung_cut
+from predictors.prediction import predict_at_rungs
+from hpo.decisions.keep import Candidate, KeepRule, RungEvidence, TrialEvidence, gather
 from hpo.decisions.scheduler_records import RungDecision, RungEntry, RungRecord, TrialRecord, TrialStatus
 
 logger = logging.getLogger("hpo.decisions.scheduler")
@@ -30,69 +31,59 @@ class RungJudge:
     rungs: Sequence[float]
     reduction_factor: float
     margin: Union[str, float]
-    margin_z: float
     tolerance: Optional[float]
     min_points: int
     decision_mode: str
+    rule: KeepRule
     strict: bool = False  # tests: a failed prediction raises instead of keeping the trial
-    rule: Optional[KeepRule] = None  # None: the collapse rule with margin_z
 
     def __post_init__(self) -> None:
-        if self.rule is None:
-            self.rule = CollapseRule(self.margin_z)
         # Trial id → its prediction at half the first rung's t̂ (the "previous look" there): made
         # once per trial, not once per arrival judged against it (async judged every recorded
         # trial again at each arrival). Rebuilt on demand after a restore.
-        self._half_first: dict[str, Optional[rules.Candidate]] = {}
+        self._half_first: dict[str, Optional[Candidate]] = {}
 
     def _half_first_rung(self, recs: Sequence[TrialRecord]) -> None:
         """Each trial's prediction at half the first rung's t̂, from its own history (None:
         none), made in one batch for those not predicted there yet; only the predicted final
         is read, so the calibrated error is not computed."""
         todo = [rec for rec in recs if rec.trial_id not in self._half_first and rec.history]
-        preds = rules.predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in todo],
+        preds = predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in todo],
                                        [rec.controls for rec in todo], self.rungs[0] / 2, self.min_points,
                                        calibrated_error=False)
         for rec, half in zip(todo, preds):
-            self._half_first[rec.trial_id] = (rules.Candidate(rec.trial_id, half.final_loss, half.loss)
+            self._half_first[rec.trial_id] = (Candidate(rec.trial_id, half.final_loss, half.loss)
                                               if half.final_loss else None)
 
     def settings(self) -> dict[str, Any]:
-        """These settings as the state file records them (in its order)."""
+        """These settings as the state file records them (in its order); ``rule``: the rule's
+        name and knobs (``KeepRule.settings``)."""
         return {"rungs": list(self.rungs), "reduction_factor": self.reduction_factor, "margin": self.margin,
-                "margin_z": self.margin_z, "tolerance": self.tolerance, "decision_mode": self.decision_mode,
-                "min_points": self.min_points, "rule": self.rule.name if self.rule else "collapse"}
+                "tolerance": self.tolerance, "decision_mode": self.decision_mode, "min_points": self.min_points,
+                "rule": self.rule.settings()}
 
     def is_last(self, r: int) -> bool:
         return r == len(self.rungs) - 1
 
-    def margin_for(self, r: int, recs: Sequence[TrialRecord]) -> rules.Margin:
-        """The margin of rung ``r`` for these trials (:func:`hpo.decisions.rules.rung_margin`)."""
-        return rules.rung_margin(self.predictor, self.rungs[r], [rec.sweep_values for rec in recs],
-                                 [rec.controls for rec in recs if rec.controls is not None], margin=self.margin,
-                                 z=self.margin_z, tolerance=self.tolerance)
-
-    def margin_text(self, rung: RungRecord, trials: Mapping[str, TrialRecord], short: bool = False) -> str:
-        """The keep-margin of ``rung`` in words (the one it was decided with, else the one it
-        would get for ``trials``)."""
-        if rung.margin_source:
-            margin, words = rung.margin, rung.margin_source
-        else:
-            m = self.margin_for(rung.index, list(trials.values()))
-            margin, words = m.value, m.words
+    def margin_text(self, rung: RungRecord, short: bool = False) -> str:
+        """The keep-margin ``rung`` was decided with, in words (none yet: says so)."""
+        if not rung.margin_source:
+            return "none yet" if short else (f"no margin applied at t̂ = {rung.fraction:g} yet (the {self.rule.name} "
+                                             "rule has not ranked trials there)")
         if short:
-            return f"{100 * margin:.2f}%"
-        return f"{100 * margin:.2f}% in log-final above the predicted best at t̂ = {rung.fraction:g} ({words})"
+            return f"{100 * rung.margin:.2f}%"
+        return f"{100 * rung.margin:.2f}% in log-final above the predicted best at t̂ = {rung.fraction:g} " \
+               f"({rung.margin_source})"
 
     def entry(self, rec: TrialRecord, r: int) -> RungEntry:
-        """The trial's prediction at rung ``r`` (``hpo.decisions.rules.predict_at_rung``), as a waiting
+        """The trial's prediction at rung ``r`` (``predictors.prediction.predict_at_rungs``), as a waiting
         entry; it becomes the trial's latest prediction."""
         return self.entries([rec], r)[0]
 
     def entries(self, recs: Sequence[TrialRecord], r: int) -> list[RungEntry]:
         """:meth:`entry` for many trials at rung ``r``, predicted in one batch
-        (``hpo.decisions.rules.predict_at_rungs``)."""
-        preds = rules.predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in recs],
+        (``predictors.prediction.predict_at_rungs``)."""
+        preds = predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in recs],
                                        [rec.controls for rec in recs], self.rungs[r], self.min_points)
         out = []
         for rec, pred in zip(recs, preds):
@@ -113,7 +104,7 @@ class RungJudge:
     def waiting_entry(self, rec: TrialRecord, r: int) -> RungEntry:
         """A trial waiting at rung ``r`` of a sync sweep: the point it reached the rung at, not yet
         predicted; the rung's decision predicts every waiting trial in one batch (``decide``)."""
-        cut = rules.rung_cut(np.fromiter((p[0] for p in rec.history), np.float64, len(rec.history)), self.rungs[r])
+        cut = rung_cut(np.fromiter((p[0] for p in rec.history), np.float64, len(rec.history)), self.rungs[r])
         n = cut if cut is not None else len(rec.history)
         t, loss = rec.history[n - 1]
         return RungEntry(trial_id=rec.trial_id, train_fraction=float(t), smoothed_loss=float(loss), n_points=n,
@@ -124,16 +115,15 @@ class RungJudge:
                                     completed=rec.status == TrialStatus.COMPLETED)
 
     def evidence(self, r: int, entries: Sequence[RungEntry], trials: Mapping[str, TrialRecord],
-                 previous: Optional[RungRecord], margin: Optional[rules.Margin] = None) -> RungEvidence:
-        """What the rule is shown at rung ``r`` (``hpo.decisions.keep.RungEvidence``): each trial's
-        prediction, where it stood at the previous rung (at the first: its prediction at half
-        the rung's t̂, from its own history; only for a rule that reads the sweep), its fit to
-        the shape and history; the calibrated order and tolerance of the sweep's kind
-        (``margin``: that of these trials, when the caller has it)."""
-        m = margin or self.margin_for(r, [trials[e.trial_id] for e in entries if e.trial_id in trials])
+                 previous: Optional[RungRecord]) -> RungEvidence:
+        """What the rule is shown at rung ``r`` (``hpo.decisions.keep.evidence.gather``): each
+        trial's prediction, where it stood at the previous rung (at the first: its prediction at
+        half the rung's t̂, from its own history; only for a rule that reads the sweep), its fit
+        to the shape and history; the order and tolerance measured for the sweep's kind."""
         reads_sweep = self.rule.reads_previous_look
+        recs = [trials[e.trial_id] for e in entries if e.trial_id in trials]
         if previous is None and reads_sweep:
-            self._half_first_rung([trials[e.trial_id] for e in entries if e.trial_id in trials])
+            self._half_first_rung(recs)
         out = []
         for e in entries:
             rec = trials.get(e.trial_id)
@@ -145,8 +135,9 @@ class RungJudge:
             # The points up to the rung's (t̂ increases along a history): a bisection, not a walk.
             history = tuple(points[:bisect.bisect_right(points, e.train_fraction + 1e-12, key=lambda p: p[0])])
             out.append(TrialEvidence(e.candidate(), prior, e.residual, history))
-        return RungEvidence.of(m, self.rungs[r], last=self.is_last(r), reduction_factor=self.reduction_factor,
-                               trials=out)
+        return gather(self.predictor, self.rungs[r], out, [rec.sweep_values for rec in recs],
+                      [rec.controls for rec in recs if rec.controls is not None], last=self.is_last(r),
+                      reduction_factor=self.reduction_factor, margin=self.margin, tolerance=self.tolerance)
 
     def judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord,
                       trials: Mapping[str, TrialRecord], now: str, compute: float,
@@ -155,16 +146,15 @@ class RungJudge:
         there (``KeepRule.judge_arrival``), written into its entry and the rung; True if kept."""
         r = rung.index
         recorded = [e for tid, e in rung.entries.items() if tid != rec.trial_id and not e.waiting]
-        m = self.margin_for(r, [trials[e.trial_id] for e in (*recorded, entry) if e.trial_id in trials])
-        ev = self.evidence(r, [*recorded, entry], trials, previous, margin=m)
-        keep, reason = self.rule.judge_arrival(ev, rec.trial_id)
+        ev = self.evidence(r, [*recorded, entry], trials, previous)
+        decision = self.rule.judge_arrival(ev, rec.trial_id)
+        keep = rec.trial_id in decision.kept
         entry.decision = self.verdict(r, keep, rec)
-        entry.reason = ("late arrival: " if self.decision_mode != "async" else "") + reason
+        against = f" (against {len(decision.ranked) - 1} recorded)" if decision.n_keep else ""
+        entry.reason = ("late arrival: " if self.decision_mode != "async" else "") + \
+            decision.reason(rec.trial_id) + against
         entry.late, entry.decided_at, entry.compute_fraction = True, now, compute
-        rung.margin, rung.margin_source, rung.kind, rung.order_weight = (max(m.value - m.tolerance, 0.0), m.words,
-                                                                         m.kind, m.weight)
-        if keep and rec.trial_id not in rung.survivors:
-            rung.survivors.append(rec.trial_id)
+        rung.record(decision, ev.kind, trials, arrival=rec.trial_id)
         return keep
 
     def decide(self, rung: RungRecord, participants: list[RungEntry], trials: Mapping[str, TrialRecord],
@@ -187,7 +177,7 @@ class RungJudge:
             rec = trials[e.trial_id]
             keep = e.trial_id in kept
             e.decision = self.verdict(r, keep, rec)
-            reason = decision.reasons[e.trial_id]
+            reason = decision.reason(e.trial_id)
             if e.predicted_final_loss is None:
                 reason = f"{e.reason}; kept" if e.reason else reason
             e.reason = reason + ("; already completed" if e.decision == RungDecision.COMPLETED else "")
@@ -196,5 +186,5 @@ class RungJudge:
                 rec.would_stop_at = rung.fraction
             elif not keep and rec.status != TrialStatus.COMPLETED:
                 to_stop.append(rec)
-        rung.record_decision(decision, ev, participants, trials, now, compute)
+        rung.record(decision, ev.kind, trials, participants=len(participants), now=now, compute=compute)
         return to_stop

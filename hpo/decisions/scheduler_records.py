@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Mapping, Optional
 
-from hpo.decisions import rules
+from hpo.decisions.keep.evidence import Candidate, KeepDecision
 from predictors.controls import Controls
 from predictors.io import json_safe
 
@@ -158,9 +158,9 @@ class RungEntry:
         """Reached the rung and not yet judged there."""
         return self.decision == RungDecision.PENDING
 
-    def candidate(self) -> rules.Candidate:
-        """This trial as the keep rule sees it (``hpo.decisions.rules.Candidate``)."""
-        return rules.Candidate(self.trial_id, self.predicted_final_loss, self.smoothed_loss, self.uncertainty)
+    def candidate(self) -> Candidate:
+        """This trial as the keep rule sees it (``hpo.decisions.keep.Candidate``)."""
+        return Candidate(self.trial_id, self.predicted_final_loss, self.smoothed_loss, self.uncertainty)
 
 
 @dataclass
@@ -177,16 +177,18 @@ class RungRecord:
         n_keep: how many the rule kept (⌈n/rf⌉ at intermediate rungs; at the last rung the
             predicted best plus those within the margin).
         margin: the keep-margin used at this rung, in log-final units (0.02 ≈ 2% above the
-            predicted best; ``hpo.decisions.rules``).
+            predicted best; ``hpo.decisions.keep``).
         margin_source: where the margin came from, in words (the ranking error of which kind
             of sweep, or a fixed margin).
-        kind: the kind of sweep the participants formed (``hpo.decisions.rules.sweep_kind``).
-        order_weight: the order the rung ranked by (``hpo.decisions.rules.score``: 1 = the predicted
-            finals, 0 = the losses at the rung, between: their blend).
+        kind: the kind of sweep the participants formed (``predictors.kinds.sweep_kind``).
+        order_weight: the order the rule ranked by (``hpo.decisions.keep.evidence.score``: 1 = the
+            predicted finals, 0 = the losses at the rung, between: their blend).
+        sigma: the σ of that order the rule used (its margin is z·σ; P(best) reads it); None:
+            unknown (a rule that ranks by an order whose error was not measured).
         kept_all: True when the spread of all predicted finals was within the margin and
             everyone was kept.
         survivors: ids of the trials kept at the decision (late arrivals append).
-        predicted_best: id of the trial with the best predicted final loss at the rung.
+        predicted_best: id of the trial the rule ranked best at the rung (the rung's pick).
         current_best: id of the trial with the best smoothed loss at the rung.
         compute_fraction: Σ t̂_i·N_i·D_i / Σ N_i·D_i when the rung was decided.
         entries: one :class:`RungEntry` per trial that reached the rung, by trial id.
@@ -203,6 +205,7 @@ class RungRecord:
     kind: str = ""
     order_weight: float = 1.0
     kept_all: bool = False
+    sigma: Optional[float] = None
     survivors: list[str] = field(default_factory=list)
     predicted_best: Optional[str] = None
     current_best: Optional[str] = None
@@ -215,17 +218,27 @@ class RungRecord:
         entry = self.entries.get(trial_id)
         return entry is not None and entry.waiting and not self.decided
 
-    def record_decision(self, decision: rules.KeepDecision, evidence: Any, participants: list["RungEntry"],
-                        trials: Mapping[str, "TrialRecord"], now: str, compute: float) -> None:
-        """Write down a (sync/audit) decision: who was judged, kept, best, and the margin as
-        applied (z·σ less the tolerance; the words state both)."""
-        self.decided, self.decided_at, self.compute_fraction = True, now, compute
-        self.n_participants, self.kept_all = len(participants), decision.kept_all
-        self.survivors = sorted(decision.kept, key=lambda tid: trials[tid].order)
-        self.n_keep = len(self.survivors)
+    def record(self, decision: KeepDecision, kind: str, trials: Mapping[str, "TrialRecord"], *,
+               participants: Optional[int] = None, now: Optional[str] = None, compute: Optional[float] = None,
+               arrival: Optional[str] = None) -> None:
+        """Write down what the rule decided and used, the one path for every decision: a whole
+        rung (sync/audit: ``participants`` judged at ``now``), or one ``arrival`` judged against
+        the trials recorded here (async, or late), which leaves the rung's margin as it was
+        when no decision over the rung was made (the first prediction, or none)."""
+        if arrival is not None:
+            if arrival in decision.kept and arrival not in self.survivors:
+                self.survivors.append(arrival)
+            if not decision.n_keep:
+                return
+        else:
+            self.decided, self.decided_at, self.compute_fraction = True, now, compute
+            self.n_participants = int(participants or 0)
+            self.survivors = sorted(decision.kept, key=lambda tid: trials[tid].order)
+            self.n_keep = len(self.survivors)
+        self.kept_all = decision.kept_all
         self.predicted_best, self.current_best = decision.predicted_best, decision.current_best
-        self.margin, self.margin_source, self.kind, self.order_weight = (decision.margin, decision.words,
-                                                                         evidence.kind, evidence.weight)
+        self.margin, self.margin_source, self.kind = decision.margin, decision.words, kind
+        self.order_weight, self.sigma = decision.weight, decision.sigma
 
     def announcement(self, decision_mode: str, participants: list["RungEntry"], margin_text: str,
                      progress: list[dict[str, Any]]) -> dict[str, Any]:
@@ -255,7 +268,7 @@ class RungRecord:
         rung.kept_all = bool(rung.kept_all)
         rung.order_weight = float(1.0 if rung.order_weight is None else rung.order_weight)
         rung.survivors = [str(s) for s in rung.survivors or []]
-        rung.compute_fraction = _opt_float(rung.compute_fraction)
+        rung.compute_fraction, rung.sigma = _opt_float(rung.compute_fraction), _opt_float(rung.sigma)
         rung.entries = {str(tid): RungEntry.from_dict(e) for tid, e in entries.items()}
         return rung
 
@@ -282,7 +295,7 @@ class TrialRecord:
         total_tokens: reported D (for compute weights), if any.
         latest_prediction: ``{"rung", "train_fraction", "final_loss", "uncertainty"}`` of the
             latest rung at which the trial was predicted.
-        sweep_values: η, B, λ, τ, TPP, N and schedule (``hpo.decisions.rules.sweep_values``), from the
+        sweep_values: η, B, λ, τ, TPP, N and schedule (``predictors.kinds.sweep_values``), from the
             latest result and the config: what tells the kind of sweep.
         redone: the training fraction the trial trained twice because it was resumed from an
             earlier point than it had reached (a trainable that does not checkpoint restarts

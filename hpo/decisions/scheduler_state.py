@@ -34,9 +34,11 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
-from hpo.decisions import rules
+from hpo.decisions.keep.collapse import DEFAULT_MARGIN_Z
+from predictors.curves import compute_fraction
+from predictors.kinds import sweep_values
 from hpo.decisions.scheduler_contract import flat
 
 from hpo.decisions.scheduler_records import (  # noqa: F401 - the records are re-exported: one import for readers
@@ -59,6 +61,27 @@ class StateFileError(ValueError):
 def utc_now() -> str:
     """The current time as an ISO 8601 UTC string (second resolution)."""
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def rule_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The keep rule's name and knobs as a state's ``settings`` record them (``KeepRule.settings``;
+    a state written before the rule recorded its knobs: its name, and ``margin_z`` for collapse)."""
+    rule = settings.get("rule") or "collapse"
+    if isinstance(rule, Mapping):
+        return dict(rule)
+    return {"name": rule, **({"margin_z": settings.get("margin_z", DEFAULT_MARGIN_Z)} if rule == "collapse" else {})}
+
+
+def same_rule(recorded: Mapping[str, Any], rule: Mapping[str, Any]) -> bool:
+    """The same rule with the same knobs (a knob one of them does not record is not compared:
+    a state written before the rule recorded it)."""
+    return recorded.get("name") == rule.get("name") and all(recorded[k] == rule[k] for k in set(recorded) & set(rule))
+
+
+def rule_words(rule: Mapping[str, Any]) -> str:
+    """``collapse (margin_z=0.5, read_sweep=True)``."""
+    knobs = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in rule.items() if k != "name")
+    return f"{rule.get('name')} ({knobs})" if knobs else str(rule.get("name"))
 
 
 @dataclass
@@ -124,6 +147,10 @@ class SchedulerState:
                              f"not {settings['decision_mode']!r}")
         if old.get("metric") and settings.get("metric") and old["metric"] != settings["metric"]:
             raise ValueError(f"{source}: state was written with metric={old['metric']!r}, not {settings['metric']!r}")
+        old_rule, rule = rule_settings(old), rule_settings(settings)
+        if not same_rule(old_rule, rule):
+            raise ValueError(f"{source}: state was written with rule {rule_words(old_rule)}, not {rule_words(rule)}; "
+                             "resume with the rule settings it was started with")
         if len(self.rungs) != len(rungs) or any(r.index != i for i, r in enumerate(self.rungs)):
             raise ValueError(f"{source}: state has {len(self.rungs)} rung records for {len(rungs)} rungs")
 
@@ -158,9 +185,9 @@ class SchedulerState:
         return True
 
     def compute_fraction(self) -> float:
-        """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`hpo.decisions.rules.compute_fraction`)."""
+        """Σ_i t̂_i·N_i·D_i / Σ_i N_i·D_i over all trials (:func:`predictors.curves.compute_fraction`)."""
         recs = self.trials.values()
-        return rules.compute_fraction({r.trial_id: r.last_train_fraction for r in recs},
+        return compute_fraction({r.trial_id: r.last_train_fraction for r in recs},
                                       {r.trial_id: (r.n_params or 0) * (r.total_tokens or 0) for r in recs},
                                       {r.trial_id: r.redone for r in recs})
 
@@ -212,7 +239,7 @@ class SchedulerState:
             config = json_safe(config)
             rec = self.trials[trial_id] = TrialRecord(
                 trial_id=trial_id, order=len(self.trials), config=config, status=ray or TrialStatus.PENDING,
-                sweep_values=rules.sweep_values(flat(config)))
+                sweep_values=sweep_values(flat(config)))
             return rec, True
         return rec, ray is not None and self.reconcile(rec, ray)
 
@@ -309,9 +336,8 @@ class SchedulerState:
         st, recs = self.settings, list(self.trials.values())
         count = {s: sum(r.status == s for r in recs) for s in TrialStatus if s.terminal}
         margin = st.get("margin")
-        margin_words = margin if margin != "calibrated" else f"calibrated, z={st.get('margin_z', rules.DEFAULT_MARGIN_Z):g}"
         lines = [f"Using CollapseScheduler ({st.get('decision_mode')}; {st.get('metric')} {st.get('mode')}; "
-                 f"rf={st.get('reduction_factor', 0):g}; margin={margin_words}): "
+                 f"rf={st.get('reduction_factor', 0):g}; margin={margin}; rule {rule_words(rule_settings(st))}): "
                  f"{len(recs)} trials, {count['stopped']} stopped, {count['diverged']} diverged, "
                  f"{count['completed']} completed, {count['error']} errored"]
         live = sum(1 for r in recs if self.live(r))

@@ -28,9 +28,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from hpo.decisions import rules
 from hpo.decisions.scheduler_state import RungDecision, RungRecord, SchedulerState, TrialRecord, TrialStatus
-from predictors.curves import rung_cut
+from predictors.curves import compute_fraction as weighted_compute, rung_cut
 from predictors.io import finite_or_none
 from predictors.predictor import Predictor
 from predictors.smoothing import final_loss as smoothed_final_loss
@@ -212,7 +211,7 @@ def compute_fraction(
         n, d = finite_or_none(rec.n_params), finite_or_none(rec.total_tokens)
         weights[tid] = n * d if n is not None and d is not None and n > 0 and d > 0 else None
     weighted = all(w is not None for w in weights.values())
-    return rules.compute_fraction(fractions, weights, {t: rec.redone for t, rec in trials.items()}), weighted
+    return weighted_compute(fractions, weights, {t: rec.redone for t, rec in trials.items()}), weighted
 
 
 def reached_fraction(rec: TrialRecord) -> float:

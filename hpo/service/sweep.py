@@ -122,7 +122,6 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
         rungs=tuple(config.scheduler.rungs),
         reduction_factor=config.scheduler.reduction_factor,
         margin=config.scheduler.margin,
-        margin_z=config.scheduler.margin_z,
         tolerance=config.scheduler.tolerance,
         decision_mode=config.scheduler.mode,
         rule=config.scheduler.rule,
@@ -285,7 +284,14 @@ def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
     if (output / STATE_FILE).exists():
         from hpo.decisions.scheduler_state import SchedulerState
 
-        SchedulerState.load(output / STATE_FILE)  # a malformed state: StateFileError naming the file
+        from hpo.decisions.scheduler_state import rule_settings, rule_words, same_rule
+
+        state = SchedulerState.load(output / STATE_FILE)  # a malformed state: StateFileError naming the file
+        recorded = rule_settings(state.settings)
+        if not same_rule(recorded, config.scheduler.rule):
+            raise ConfigError(f"{config_path}: scheduler.rule is {rule_words(config.scheduler.rule)}, but the "
+                              f"decisions in {STATE_FILE} were made with {rule_words(recorded)}; resume with the "
+                              "rule it was started with, or start afresh into another output_dir")
     _check_tracking(config)
     return config, output, created_in
 
@@ -377,8 +383,12 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     artifacts = artifact_location(config, output)
     tracker = SweepTracker(tracking_uri, config.mlflow.experiment, output, config.name,
                            artifact_location=artifacts)
-    # Every scheduler setting is a param (two sweeps that differ only in margin_z differ in MLflow).
-    params = {"sweep": config.name, **{f"scheduler.{k}": v for k, v in config.scheduler.model_dump().items()},
+    # Every scheduler setting is a param, the rule's knobs each its own (rule.settings(): two
+    # sweeps that differ only in the collapse rule's margin_z differ in MLflow).
+    scheduler = config.scheduler.model_dump()
+    rule = scheduler.pop("rule")
+    params = {"sweep": config.name, **{f"scheduler.{k}": v for k, v in scheduler.items()},
+              "scheduler.rule": rule["name"], **{f"scheduler.rule.{k}": v for k, v in rule.items() if k != "name"},
               "search": config.search.model_dump(exclude_none=True),
               "search_space": {k: v.model_dump(exclude_none=True) for k, v in config.search_space.items()}}
     with tracker.running(params):

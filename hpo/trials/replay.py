@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 from ray import tune
 
-from hpo.decisions import rules
+from predictors.curves import compute_fraction, is_finished
 from hpo.trials.curve_bank import load_bank
 from predictors import run_keys
 from predictors.curves import rung_cut
@@ -472,7 +472,7 @@ def current_best_at(
     pick = min(seen, key=lambda r: (seen[r][1], r))
     reached = {r: t for r, (t, _) in seen.items()}
     reached[pick] = 1.0
-    return score_pick(sweep, f"current-best@{fraction:g}", pick, sweep_finals, rules.compute_fraction(reached),
+    return score_pick(sweep, f"current-best@{fraction:g}", pick, sweep_finals, compute_fraction(reached),
                       noise, reached)
 
 
@@ -487,9 +487,9 @@ def outcome_from_reached(
     """Score a scheduler from the t̂ each trial reached: compute = mean t̂; the pick is the
     finished trial (t̂ ≥ 1) with the lowest final loss."""
     sweep_finals = {r: finals[r] for r in reached}
-    done = [r for r, t in reached.items() if rules.is_finished(t)]
+    done = [r for r, t in reached.items() if is_finished(t)]
     pick = min(sorted(done), key=lambda r: sweep_finals[r]) if done else None
-    return score_pick(sweep, method, pick, sweep_finals, rules.compute_fraction(reached), noise, reached, note)
+    return score_pick(sweep, method, pick, sweep_finals, compute_fraction(reached), noise, reached, note)
 
 
 # ---------------------------------------------------------------------- Ray Tune

@@ -42,7 +42,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import TrialScheduler
 
-from hpo.decisions import rules
+from predictors.curves import compute_fraction
 
 
 class SimulationError(RuntimeError):
@@ -68,8 +68,8 @@ class SimulatedOutcome:
     makespan: float = 0.0
 
     def compute_fraction(self, weights: Optional[Mapping[str, float]] = None) -> float:
-        """The sweep's compute against training every trial to the end (``hpo.decisions.rules``)."""
-        return rules.compute_fraction(self.reached, weights)
+        """The sweep's compute against training every trial to the end (``predictors.curves.compute_fraction``)."""
+        return compute_fraction(self.reached, weights)
 
 
 class SimulatedSweep:

@@ -26,8 +26,8 @@ from hpo.common.overrides import (
     format_validation_error,
     read_yaml,
 )
-from hpo.decisions.rules import DEFAULT_MARGIN_Z, DEFAULT_RUNGS
-from hpo.decisions.scheduler_contract import check_rungs
+from hpo.decisions.keep import make_rule
+from hpo.decisions.scheduler_contract import DEFAULT_RUNGS, check_rungs
 from predictors.equations import power_lines_tau
 from predictors.run_keys import METRIC_COLUMNS
 from trainers.config import TrainConfig, refuse_bool_number
@@ -99,14 +99,12 @@ class SchedulerSettings(_Strict):
     """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
 
     mode: Literal["sync", "async", "audit"] = "sync"
-    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # hpo.decisions.rules
+    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # scheduler_contract says why
     reduction_factor: float = 2.0
-    # "calibrated" (default): keep every trial whose predicted log-final is within margin_z
-    # times the predictor's ranking scale (for this kind of sweep, at the rung) of the
-    # predicted best; a number: a fixed margin in log units (0.02 ≈ 2%) at every rung.
-    # See hpo.decisions.rules and hpo.decisions.scheduler.CollapseScheduler.
+    # "calibrated" (default): the rule's own margin (collapse: rule.margin_z times the σ of the
+    # order calibration measured for this kind of sweep, at the rung); a number: a fixed margin
+    # in log units (0.02 ≈ 2%) on the predicted finals at every rung.
     margin: Union[str, float] = "calibrated"
-    margin_z: float = DEFAULT_MARGIN_Z  # hpo.decisions.rules says how it was chosen
     # How close two final losses must be to count as the same result, in loss units (None:
     # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
     # the top ceil(n/rf) only if it could still end better than the best by more than this.
@@ -116,12 +114,40 @@ class SchedulerSettings(_Strict):
     # evaluated at every report (trainer.eval_every defaults to log_every then). The predictor
     # must have been fitted on the same metric (hpo calibrate's metric).
     metric: Literal["loss", "val_loss"] = "loss"
-    # The keep rule (hpo.decisions.keep): "collapse" (default: predicted finals, margin_z), or a
-    # baseline to compare against on the same sweep: "asha", "current-best", "paired-test".
-    rule: Literal["collapse", "asha", "current-best", "paired-test"] = "collapse"
+    # The keep rule and its knobs (hpo.decisions.keep): a name, or {name: collapse, margin_z: 0.5};
+    # "collapse" (default), or a baseline to compare against on the same sweep: "asha",
+    # "current-best", "top-k" ({name: top-k, k: 2}), "paired-test" (experimental). Stored as
+    # the rule's full settings (KeepRule.settings: every knob, defaults included).
+    rule: dict[str, Any] = Field(default_factory=lambda: make_rule("collapse").settings())
     # Rank by the predicted finals even 30x or more beyond the predictor's calibrated model sizes
     # (predictors.predictor.OFF_SCALE_SIZE_RATIO); by default such a sweep ranks by its losses.
     trust_off_scale: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _margin_z_goes_with_the_rule(cls, data: Any) -> Any:
+        # scheduler.margin_z (configs written before the rule took its knobs): the collapse
+        # rule's knob, moved where it lives.
+        if isinstance(data, dict) and "margin_z" in data:
+            data = dict(data)
+            z = data.pop("margin_z")
+            rule = data.get("rule", "collapse")
+            rule = {"name": rule} if isinstance(rule, str) else dict(rule)
+            if rule.get("name", "collapse") != "collapse":
+                raise ValueError(f"margin_z is the collapse rule's knob, not {rule.get('name')!r}'s")
+            data["rule"] = {"name": "collapse", **rule, "margin_z": z}
+        return data
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _rule(cls, value: Any) -> Any:
+        # The rule's constructor is the one check of its knobs.
+        if not isinstance(value, (str, dict)):
+            raise ValueError(f"give a rule name or {{name: ..., knob: ...}}, got {value!r}")
+        try:
+            return make_rule(value).settings()
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("scheduler.rule: ")) from None
 
     @field_validator("rungs")
     @classmethod
@@ -156,13 +182,6 @@ class SchedulerSettings(_Strict):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
             return float(value)
         raise ValueError(f"must be 'calibrated' or a finite number >= 0 (a log margin, 0.02 ≈ 2%), got {value!r}")
-
-    @field_validator("margin_z")
-    @classmethod
-    def _margin_z(cls, value: float) -> float:
-        if not (value >= 0.0 and math.isfinite(value)):
-            raise ValueError("must be a finite number >= 0")
-        return value
 
 
 class SearchSettings(_Strict):

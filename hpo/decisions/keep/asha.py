@@ -2,8 +2,7 @@
 every rung, the last included (the survivors of the last rung all train to the end).
 
 Example:
-    >>> from hpo.decisions.keep.evidence import RungEvidence, TrialEvidence
-    >>> from hpo.decisions.rules import Candidate
+    >>> from hpo.decisions.keep.evidence import Candidate, RungEvidence, TrialEvidence
     >>> ev = RungEvidence(0.3, True, 2.0, tuple(TrialEvidence(Candidate(t, p, l)) for t, p, l in
     ...                   [("a", 2.0, 2.5), ("b", 2.1, 2.4), ("c", 2.3, 2.6)]))
     >>> AshaRule().decide(ev).kept
