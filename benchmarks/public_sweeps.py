@@ -262,7 +262,7 @@ def render(stop_rows: Sequence[dict[str, Any]], replay_rows: Sequence[Any], held
                   ["held-out family", "setting chosen on the others", "sweeps", "mean compute", "within noise",
                    "best kept"], body), ""]
     # Equal-quality compute over the bench.
-    methods = ("collapse", "current-best", "asha", "median", "paired-test")
+    methods = ("collapse", "current-best", "asha", "median", "paired-test", "top-k")
     found = {m: equal_quality(replay_rows, m) for m in methods}
     lines += ["## Equal-quality compute over the bench", "",
               "Each method's least mean compute among its settings that are safe on all sweeps (hindsight-best "
@@ -270,6 +270,32 @@ def render(stop_rows: Sequence[dict[str, Any]], replay_rows: Sequence[Any], held
                   ["method", "equal-quality compute", "setting"],
                   [[m, "—" if found[m] is None else f"{found[m][0]:.3f}", "—" if found[m] is None else f[1]]
                    for m, f in found.items()]), ""]
+    body = []
+    for m in methods:
+        by: dict[str, list[Any]] = {}
+        for r in replay_rows:
+            if r.method == m and r.regret is not None:
+                by.setdefault(r.setting, []).append(r)
+        if not by:
+            continue
+        scored = [(sum(bool(r.within_noise) for r in v), -float(np.mean([r.compute for r in v])), k, v)
+                  for k, v in by.items()]
+        within, neg, label, rows = max(scored)
+        ninety = [(-c, k, v) for w, c, k, v in scored if w >= 0.9 * len(v) - 1e-9]
+        cheap = min(ninety) if ninety else None
+        body.append([m, f"`{label}`", f"{within}/{len(rows)}", f"{sum(bool(r.best_kept) for r in rows)}/{len(rows)}",
+                     f"{-neg:.3f}", "—" if cheap is None else f"`{cheap[1]}`: {cheap[0]:.3f}"])
+    shipped = [r for r in replay_rows if r.default]
+    if shipped:
+        body.append(["collapse, shipped default", f"`{shipped[0].setting}`",
+                     f"{sum(bool(r.within_noise) for r in shipped)}/{len(shipped)}",
+                     f"{sum(bool(r.best_kept) for r in shipped)}/{len(shipped)}",
+                     f"{np.mean([r.compute for r in shipped]):.3f}", ""])
+    lines += ["Where no setting is safe, each method's best quality and what it costs: the setting within noise on "
+              "the most sweeps (ties: the cheaper), and the cheapest within noise on ≥ 90% of them (best kept not "
+              "required).", "", markdown_table(
+                  ["method", "setting within on most sweeps", "within noise", "best kept", "mean compute",
+                   "cheapest within ≥ 90%: compute"], body), ""]
     c, cb = found["collapse"], found["current-best"]
     if c and cb:
         ratio = c[0] / cb[0]
@@ -336,6 +362,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def sizes(curves: Sequence[Any]) -> str:
         return ", ".join(f"{n / 1e6:.0f}M" for n in sorted({c.controls.n_params for c in curves}))
+
+    bench = [c for members in sweeps.values() for c in members]
 
     meta = {"logs": args.logs or "hpo/data/curves/public_lr_scheduling.parquet", "predictor": source, "noise": noise, "noise_pairs": len(spread["pairs"]),
             "n_sweeps": len(sweeps), "n_bench_runs": sum(len(v) for v in sweeps.values()),

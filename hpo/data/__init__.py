@@ -7,18 +7,28 @@ a repository checkout next to the code. This folder holds the only copy of each 
 * ``predictors/default.json``: the shipped predictor (``hpo calibrate
   configs/calibration/default_sizes.yaml --fit-only --predictor-out`` writes it; 0.02M-1.2M
   parameters), the default of every sweep.
+* ``predictors/public_lm.json``: fitted on public training logs of 33M–93M-parameter language
+  models (``benchmarks/public_sweeps.py`` writes it; licence and source in its provenance and in
+  ``curves/README.md``), the default of a sweep whose model has N of 10M and up
+  (:func:`default_predictor_path`).
 * ``sweeps/<name>.yaml``: sweeps runnable by name from any directory, ``hpo sweep quickstart``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import tempfile
 from importlib.resources import as_file, files
 from pathlib import Path
+from typing import Optional
 
 #: The shipped predictor, relative to this package.
 DEFAULT_PREDICTOR = "predictors/default.json"
+#: Every packaged predictor: the CPU default (0.02M–1.2M) and the one fitted on public language
+#: models of 33M–93M parameters (``predictors/public_lm.json``; its provenance and licence there).
+PACKAGED_PREDICTORS = (DEFAULT_PREDICTOR, "predictors/public_lm.json")
 SWEEPS = "sweeps"
 
 
@@ -39,9 +49,44 @@ def resource_path(relative: str) -> Path:
     return target
 
 
-def default_predictor_path() -> Path:
-    """The shipped default predictor JSON."""
-    return resource_path(DEFAULT_PREDICTOR)
+def packaged_predictors() -> dict[str, tuple[float, float]]:
+    """The packaged predictors (relative paths) with the smallest and largest non-embedding model
+    size each was fitted on (its ``provenance["model_sizes"]``)."""
+    out = {}
+    for relative in PACKAGED_PREDICTORS:
+        sizes = [float(n) for n in json.loads(resource_path(relative).read_text())["provenance"]["model_sizes"]]
+        out[relative] = (min(sizes), max(sizes))
+    return out
+
+
+def default_predictor_path(n_params: Optional[float] = None) -> Path:
+    """The packaged predictor the product uses for a run of ``n_params`` non-embedding parameters:
+    the one whose fitted sizes lie nearest N in log (inside a predictor's range is distance 0).
+    Without N, the CPU default (``predictors/default.json``, the quickstart's scale).
+
+    Example:
+        >>> default_predictor_path().name, default_predictor_path(1e5).name, default_predictor_path(85e6).name
+        ('default.json', 'default.json', 'public_lm.json')
+    """
+    if n_params is None or not (math.isfinite(float(n_params)) and float(n_params) > 0):
+        return resource_path(DEFAULT_PREDICTOR)
+    n = math.log(float(n_params))
+
+    def distance(span: tuple[float, float]) -> float:
+        low, high = math.log(span[0]), math.log(span[1])
+        return max(low - n, n - high, 0.0)
+
+    spans = packaged_predictors()
+    return resource_path(min(spans, key=lambda relative: (distance(spans[relative]), relative)))
+
+
+#: The public 124M bench and its ladder as a curve file (``curves/README.md``: source, licence).
+PUBLIC_CURVES = "curves/public_lr_scheduling.parquet"
+
+
+def public_curves_path() -> Path:
+    """The packaged public curves (``hpo.calibration.log_import.load_curve_bench`` reads them)."""
+    return resource_path(PUBLIC_CURVES)
 
 
 def packaged_sweeps() -> list[str]:
