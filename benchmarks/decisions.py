@@ -19,7 +19,7 @@ Methods, all but median stopping through the one keep-rule seam (``hpo.decisions
 * ``top-k``: the k best by predicted final continue past each rung; knobs rungs, k;
 * ``median``: Ray's ``MedianStoppingRule`` on t̂; knob grace.
 
-Scoring (``benchmarks/decisions_replay.py``): **compute** = Σ t̂ trained / n; **pick** = the
+Scoring (``hpo.trials.rule_replay``, the engine ``hpo replay`` uses): **compute** = Σ t̂ trained / n; **pick** = the
 finished trial with the lowest final; **regret** = its final − the replicate's best final;
 **σ_seed** = the pooled std of a configuration's final across seeds; **within** = regret ≤
 σ_seed; **kept** = the true best trained to the end. A setting is **safe** on a set of
@@ -62,8 +62,8 @@ from predictors import Predictor  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
 from predictors.kinds import SWEEP_KINDS  # noqa: E402
 from predictors.run_keys import METRIC_COLUMNS, METRIC_WORDS  # noqa: E402
-from benchmarks.decisions_replay import (Bank, Point, Row, bank_corpus, frontier, replay_bank,  # noqa: E402
-                                         with_order_error_from)
+from hpo.trials.rule_replay import Point, Row, frontier  # noqa: E402
+from benchmarks.decisions_replay import Bank, bank_corpus, replay_bank, with_order_error_from  # noqa: E402
 
 #: The banks replayed by default, by corpus.
 DEFAULT_BANKS = ("configs/calibration/decisions.yaml", "configs/calibration/decisions_grid.yaml",

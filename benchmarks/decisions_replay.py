@@ -1,11 +1,10 @@
 """The replay half of ``benchmarks/decisions.py``: every method's settings run on held-out banks.
 
-What lives here: the settings each early-stopping method is tried with (:func:`settings`), the
-complete replicates of a bank (:func:`replicates`), one setting replayed and scored on one
-replicate (:func:`score` → :class:`Row`), the rows summed up per setting (:func:`aggregate` →
-:class:`Point`) and a method's frontier at a compute budget (:func:`frontier`), how well the
-predictor orders the trials (:func:`ranking_diagnostics`), and one whole bank replayed
-(:func:`replay_bank` → :class:`Bank`).
+What lives here: the complete replicates of a bank (:func:`replicates`), how well the predictor
+orders the trials (:func:`ranking_diagnostics`), and one whole bank replayed
+(:func:`replay_bank` → :class:`Bank`). The replay itself (every method's settings, one setting
+replayed and scored, the rows summed up per setting, a method's frontier) is the package's one
+engine, ``hpo.trials.rule_replay``, which ``hpo replay`` and ``benchmarks/public_sweeps.py`` use too.
 
 Why apart: this is the measurement; ``benchmarks/decisions.py`` keeps what is judged and written
 from it (the issue's targets, ``select_z``, the markdown report, the plots) and the command
@@ -19,110 +18,21 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from predictors.curves import compute_fraction, is_finished
 from predictors.prediction import predict_at_rung
 from hpo.calibration.calibrate import load_calibration_config
 from hpo.trials.curve_bank import load_bank
 from hpo.common.overrides import ConfigError
 from hpo.trials.replay import run_points, seed_noise, true_finals
+from hpo.trials.rule_replay import Point, Row, aggregate, score, settings
 from predictors import Predictor
 from predictors.kinds import SWEEP_KINDS
 from predictors.run_keys import METRIC_COLUMNS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One method with one choice of its knobs."""
-
-    method: str
-    label: str
-    make: Callable[[], Any]  # a fresh scheduler
-    default: bool = False
-
-
-@dataclass
-class Row:
-    """One setting on one replicate."""
-
-    family: str
-    seed: int
-    method: str
-    setting: str
-    default: bool
-    compute: float
-    regret: Optional[float]
-    pick: Optional[str]
-    best: str
-    within_noise: Optional[bool]
-    picked_best: bool
-    best_kept: Optional[bool] = None  # the true best trained to the end (survived every rung)
-    note: str = ""
-    bank: str = ""
-    n_trials: int = 0
-
-
-def _rung_label(rungs: Sequence[float]) -> str:
-    return "/".join(f"{r:g}" for r in rungs)
-
-
-def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
-    """Every method's settings, each a fresh scheduler per replicate. The keep rules
-    (``hpo.decisions.keep``: collapse, ASHA, current-best, top-k, the paired test) all run in
-    ``CollapseScheduler`` (sync), so one harness replays them the same way; median stopping is
-    Ray's own ``MedianStoppingRule`` (it is not a rung rule)."""
-    from ray.tune.schedulers import MedianStoppingRule
-
-    from hpo.decisions.keep import AshaRule, CollapseRule, CurrentBestRule, PairedTestRule, TopKRule
-    from hpo.decisions.scheduler import CollapseScheduler
-    from hpo.trials.sweep_config import SchedulerSettings
-
-    default = SchedulerSettings()
-
-    def scheduler(rule: Any, rungs: Sequence[float], rf: float = 2.0) -> Callable[[], Any]:
-        return lambda: CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(rungs),
-                                         reduction_factor=rf, margin="calibrated", decision_mode="sync", rule=rule)
-
-    out: list[Setting] = []
-    rung_sets = [(0.1,), (0.2,), (0.3,), (0.05, 0.1, 0.2), (0.1, 0.2), (0.1, 0.2, 0.3), (0.1, 0.3, 0.5),
-                 (0.2, 0.3, 0.5)]
-    zs, rfs, reads = (0.0, 0.25, 0.5, 1.0, 2.0), (2.0,), (True, False)
-    if quick:
-        rung_sets, zs, rfs = [tuple(default.rungs)], (0.0, default.rule['margin_z']), (default.reduction_factor,)
-    for rungs in rung_sets:
-        for z in zs:
-            for rf in rfs:
-                for read in reads:
-                    if (len(rungs) == 1 and rf != rfs[0]) or (z == 0 and not read):
-                        continue  # rf only matters with an intermediate rung; z 0 reads nothing
-                    is_default = (list(rungs) == list(default.rungs) and z == default.rule['margin_z'] and read
-                                  and rf == default.reduction_factor and default.margin == "calibrated")
-                    out.append(Setting("collapse", f"rungs {_rung_label(rungs)}, z {z:g}, rf {rf:g}"
-                                       + ("" if read else ", calibrated σ only"),
-                                       scheduler(CollapseRule(z, read_sweep=read), rungs, rf), default=is_default))
-    for grace in ((0.1,) if quick else (0.05, 0.1, 0.2, 0.3)):
-        for rf in ((2,) if quick else (2, 3, 4)):
-            rungs = [grace * rf ** k for k in range(8) if grace * rf ** k < 0.99]
-            out.append(Setting("asha", f"rungs {_rung_label(rungs)} (grace {grace:g}, rf {rf})",
-                               scheduler(AshaRule(), rungs, rf)))
-    for grace in ((0.1,) if quick else (0.1, 0.2, 0.3)):
-        out.append(Setting("median", f"grace {grace:g}", lambda g=grace: MedianStoppingRule(
-            metric="loss", mode="min", time_attr="train_fraction", grace_period=g, min_samples_required=3)))
-    for s in ((0.1, 0.2) if quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)):
-        out.append(Setting("current-best", f"s {s:g}", scheduler(CurrentBestRule(), (s,))))
-    for rungs in ([tuple(default.rungs)] if quick else [(0.1,), (0.2,), (0.3,), (0.1, 0.3)]):
-        for k in ((1, 2) if quick else (1, 2, 3)):
-            out.append(Setting("top-k", f"rungs {_rung_label(rungs)}, k {k}", scheduler(TopKRule(k), rungs)))
-    for rungs in ([(0.1, 0.2)] if quick else [(0.1,), (0.2,), (0.1, 0.2), (0.1, 0.2, 0.3), (0.2, 0.3, 0.5)]):
-        for z in (2.0,):
-            out.append(Setting("paired-test", f"rungs {_rung_label(rungs)}, z {z:g}",
-                               scheduler(PairedTestRule(z), rungs)))
-    return out
 
 
 def replicates(config_path: str, metric: str = "loss") -> tuple[Any, dict[tuple[str, int], list[str]], list[str]]:
@@ -146,66 +56,6 @@ def replicates(config_path: str, metric: str = "loss") -> tuple[Any, dict[tuple[
         else:
             complete[key] = sorted(ids)
     return frame, complete, missing
-
-
-def score(family: str, seed: int, setting: Setting, frame: Any, runs: Sequence[str],
-          points: dict[str, list[dict[str, Any]]], finals: dict[str, float], sigma: Optional[float]) -> Row:
-    """One setting replayed on one replicate, scored: compute, pick, regret, within σ_seed, and
-    whether the true best trained to the end (kept at every rung: the same test for every method)."""
-    from hpo.trials.simulator import SimulatedSweep
-
-    best = min(runs, key=lambda r: (finals[r], r))
-    sim = SimulatedSweep(setting.make(), {r: points[r] for r in runs}, n_workers=2)
-    try:
-        reached = sim.run().reached
-    except Exception as exc:  # noqa: BLE001 - a scheduler that cannot run here is reported, not fatal
-        return Row(family, seed, setting.method, setting.label, setting.default, math.nan, None, None, best,
-                   None, False, note=f"{type(exc).__name__}: {exc}")
-    done = [r for r in runs if is_finished(reached.get(r, 0.0))]
-    pick = min(done, key=lambda r: (finals[r], r)) if done else None
-    regret = None if pick is None else finals[pick] - finals[best]
-    return Row(family, seed, setting.method, setting.label, setting.default, compute_fraction(reached),
-               regret, pick, best, None if regret is None or sigma is None else regret <= sigma + 1e-12,
-               pick == best, best in done)
-
-
-@dataclass
-class Point:
-    """A setting on one family, over its replicates."""
-
-    method: str
-    setting: str
-    default: bool
-    compute: float
-    regret: float
-    regret_sd: float
-    within: int
-    n: int
-    best_kept: Optional[int] = None
-
-
-def aggregate(rows: Sequence[Row]) -> dict[str, list[Point]]:
-    """family → one Point per setting (settings with a failed replicate are left out)."""
-    out: dict[str, list[Point]] = {}
-    keys = dict.fromkeys((r.family, r.method, r.setting) for r in rows)
-    for family, method, label in keys:
-        mine = [r for r in rows if (r.family, r.method, r.setting) == (family, method, label)]
-        if any(r.regret is None or not math.isfinite(r.compute) for r in mine):
-            continue
-        regrets = np.array([r.regret for r in mine], dtype=float)
-        kept = [r.best_kept for r in mine if r.best_kept is not None]
-        out.setdefault(family, []).append(Point(
-            method, label, mine[0].default, float(np.mean([r.compute for r in mine])), float(regrets.mean()),
-            float(regrets.std(ddof=1)) if len(mine) > 1 else 0.0, sum(bool(r.within_noise) for r in mine), len(mine),
-            sum(kept) if kept else None))
-    return out
-
-
-def frontier(points: Sequence[Point], method: str, budget: float) -> Optional[Point]:
-    """The lowest mean regret among ``method``'s settings with mean compute ≤ ``budget``
-    (ties: less compute)."""
-    mine = [p for p in points if p.method == method and p.compute <= budget + 1e-9]
-    return min(mine, key=lambda p: (p.regret, p.compute)) if mine else None
 
 
 def ranking_diagnostics(predictor: Predictor, complete: dict[tuple[str, int], list[str]],

@@ -19,7 +19,8 @@ Then, per sweep:
    than each other, the MAE of the predicted finals, the order error of predicted finals and of
    the losses at s (pairs of arms ordered as their true finals);
 2. **the whole scheduler**: every setting of every rule of the keep-rule seam (collapse, ASHA,
-   current-best at s, the paired test, Ray's median stopping; ``benchmarks/decisions_replay``)
+   current-best at s, the paired test, Ray's median stopping; ``hpo.trials.rule_replay``, the
+   engine ``hpo replay`` uses)
    replayed through ``CollapseScheduler`` on the sweep's curves; compute, regret, within noise,
    best kept; one row a sweep × method × setting in ``OUT/sweeps.json``;
 3. **defaults held out by schedule family** (cosine / constant / WSD short cooldown ≤ 25% /
@@ -40,9 +41,6 @@ report in ``OUT/calibration/``) and the markdown report.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
-import json
 import math
 import sys
 import time
@@ -54,25 +52,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpo.common.tables import markdown_table  # noqa: E402
+from hpo.trials import rule_replay  # noqa: E402
+from hpo.trials.rule_replay import FAMILIES, FRACTIONS, stop_at_s  # noqa: E402
+from hpo.trials.rule_replay import schedule_family as family  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
 
-FRACTIONS = (0.1, 0.2, 0.3, 0.5)
-FAMILIES = ("cosine", "constant", "wsd-short", "wsd-long", "sqrt")
 #: Non-embedding N at or below which a run calibrates: the 33M–93M-parameter ladder (N 14M–61M),
 #: below the bench's 124M (N 85M).
 CALIBRATE_MAX_PARAMS = 70e6
-
-
-def family(curve: Any) -> str:
-    """The schedule family a sweep is held out by."""
-    s = curve.controls.schedule
-    if s.name == "wsd":
-        if getattr(s, "decay_shape", "linear") == "sqrt":
-            return "sqrt"
-        return "wsd-short" if s.decay_fraction <= 0.25 + 1e-9 else "wsd-long"
-    if s.name in ("cosine", "constant"):
-        return s.name
-    return s.name  # linear, logged: a family of its own
 
 
 def split(logs: Any, calibrate_max_params: float) -> tuple[list[Any], list[Any], str]:
@@ -112,57 +99,12 @@ def fit_predictor(curves: Sequence[Any], out: Path) -> Any:
     return Predictor.load(path)
 
 
-def stop_at_s(predictor: Any, sweeps: dict[str, list[Any]], noise: float) -> list[dict[str, Any]]:
-    """Per sweep and s: predicted-best and current-best picks scored against the true finals."""
-    from predictors.prediction import predict_at_rung
-    from hpo.trials.replay import curve_points
-
-    rows = []
-    for name, members in sweeps.items():
-        finals = {c.meta["name"]: c.final_loss for c in members}
-        best = min(finals, key=finals.get)
-        points = {c.meta["name"]: curve_points(c) for c in members}
-        for s in FRACTIONS:
-            seen = {}
-            for run, pts in points.items():
-                pred = predict_at_rung(predictor, [p["train_fraction"] for p in pts],
-                                             [p["loss"] for p in pts], pts[0], s)
-                seen[run] = (pred.final_loss, pred.loss)
-            if any(v[0] is None or v[1] is None for v in seen.values()):
-                continue
-            pick_pred = min(seen, key=lambda r: seen[r][0])
-            pick_loss = min(seen, key=lambda r: seen[r][1])
-            pairs = list(itertools.combinations(finals, 2))
-            wrong = {k: sum(np.sign(seen[a][i] - seen[b][i]) != np.sign(finals[a] - finals[b]) for a, b in pairs)
-                     for i, k in enumerate(("pred", "loss"))}
-            rows.append({
-                "sweep": name, "family": family(members[0]), "s": s, "arms": len(members),
-                "predicted_best": pick_pred, "current_best": pick_loss, "best": best,
-                "regret_predicted": finals[pick_pred] - finals[best], "regret_current": finals[pick_loss] - finals[best],
-                "mae_predicted": float(np.mean([abs(seen[r][0] - finals[r]) / finals[r] for r in finals])),
-                "pairs": len(pairs), "pairs_misordered_predicted": int(wrong["pred"]),
-                "pairs_misordered_loss": int(wrong["loss"]), "noise": noise})
-    return rows
-
-
 def replay_sweeps(predictor: Any, sweeps: dict[str, list[Any]], noise: float, quick: bool,
                   started: float) -> list[Any]:
-    """Every setting of every method replayed on every sweep (``benchmarks/decisions_replay``)."""
-    from benchmarks.decisions_replay import score, settings
-    from hpo.trials.replay import curve_points
-
-    every = settings(predictor, quick=quick)
-    rows = []
-    for i, (name, members) in enumerate(sweeps.items()):
-        points = {c.meta["name"]: curve_points(c) for c in members}
-        finals = {c.meta["name"]: c.final_loss for c in members}
-        for setting in every:
-            row = score(name, 0, setting, None, sorted(points), points, finals, noise)
-            row.bank, row.n_trials = family(members[0]), len(members)
-            rows.append(row)
-        print(f"  {name}: {len(every)} settings [{i + 1}/{len(sweeps)}, {time.monotonic() - started:.0f} s]",
-              flush=True)
-    return rows
+    """Every setting of every method replayed on every sweep (``hpo.trials.rule_replay``)."""
+    every = rule_replay.settings(predictor, quick=quick)
+    return rule_replay.replay_sweeps(predictor, sweeps, noise, every=every, progress=lambda name, i, n: print(
+        f"  {name}: {len(every)} settings [{i}/{n}, {time.monotonic() - started:.0f} s]", flush=True))
 
 
 def held_out_by_family(rows: Sequence[Any]) -> dict[str, dict[str, Any]]:

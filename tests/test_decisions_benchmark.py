@@ -10,7 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import decisions  # noqa: E402
-from benchmarks.decisions_replay import Bank, Row  # noqa: E402
+from benchmarks.decisions_replay import Bank  # noqa: E402
+from hpo.trials.rule_replay import Row  # noqa: E402
 
 
 def _row(setting: str, compute: float, ok: bool, method: str = "collapse", default: bool = False) -> Row:

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import public_sweeps  # noqa: E402
-from benchmarks.decisions_replay import Row  # noqa: E402
+from hpo.trials.rule_replay import Row  # noqa: E402
 from hpo.calibration.log_import import load_curve_bench, rerun_spread  # noqa: E402
 from hpo.data import default_predictor_path, public_curves_path  # noqa: E402
 from hpo.trials.replay import curve_sweeps  # noqa: E402
