@@ -55,25 +55,8 @@ from hpo.common.tables import markdown_table  # noqa: E402
 from hpo.trials import rule_replay  # noqa: E402
 from hpo.trials.rule_replay import FAMILIES, FRACTIONS, stop_at_s  # noqa: E402
 from hpo.trials.rule_replay import schedule_family as family  # noqa: E402
+from hpo.calibration.log_import import CALIBRATE_MAX_PARAMS, split  # noqa: E402
 from predictors.io import atomic_write_json, atomic_write_text  # noqa: E402
-
-#: Non-embedding N at or below which a run calibrates: the 33M–93M-parameter ladder (N 14M–61M),
-#: below the bench's 124M (N 85M).
-CALIBRATE_MAX_PARAMS = 70e6
-
-
-def split(logs: Any, calibrate_max_params: float) -> tuple[list[Any], list[Any], str]:
-    """(calibration curves, bench curves, the corpus): the bench corpus is the one of the largest
-    sweeps' runs; calibration curves are its runs at N ≤ ``calibrate_max_params``, re-runs excluded
-    from both (they measure the noise)."""
-    reruns = set(logs.reruns)
-    curves = [c for c in logs.curves if c.meta["name"] not in reruns]
-    big = [c for c in curves if (c.controls.n_params or 0) > calibrate_max_params]
-    corpus = max({c.meta.get("corpus") for c in big}, key=lambda k: sum(c.meta.get("corpus") == k for c in big))
-    calibration = [c for c in curves if c.meta.get("corpus") == corpus
-                   and (c.controls.n_params or math.inf) <= calibrate_max_params]
-    return calibration, [c for c in big if c.meta.get("corpus") == corpus], str(corpus)
-
 
 def fit_predictor(curves: Sequence[Any], out: Path) -> Any:
     """The predictor fitted on ``curves`` with the project's one fit, on the validation loss over

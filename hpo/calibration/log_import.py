@@ -347,3 +347,22 @@ def rerun_spread(logs: LogImport) -> Optional[dict[str, Any]]:
     diffs = np.array([d for _, _, d in pairs])
     return {"rms_difference": float(np.sqrt(np.mean(diffs ** 2))), "max_difference": float(np.abs(diffs).max()),
             "pairs": [{"rerun": a, "run": b, "difference": float(d)} for a, b, d in pairs]}
+
+
+#: Non-embedding N at or below which a run calibrates: the 33M–93M-parameter ladder (N 14M–61M),
+#: below the bench's 124M (N 85M).
+CALIBRATE_MAX_PARAMS = 70e6
+
+
+def split(logs: LogImport, calibrate_max_params: float = CALIBRATE_MAX_PARAMS) -> tuple[list[Any], list[Any], str]:
+    """A bench of logs split the paper's way (``benchmarks/public_sweeps.py``, ``hpo replay public``):
+    (calibration curves, bench curves, the corpus): the bench corpus is the one of the largest
+    sweeps' runs; calibration curves are its runs at N ≤ ``calibrate_max_params``, re-runs excluded
+    from both (they measure the noise)."""
+    reruns = set(logs.reruns)
+    curves = [c for c in logs.curves if c.meta["name"] not in reruns]
+    big = [c for c in curves if (c.controls.n_params or 0) > calibrate_max_params]
+    corpus = max({c.meta.get("corpus") for c in big}, key=lambda k: sum(c.meta.get("corpus") == k for c in big))
+    calibration = [c for c in curves if c.meta.get("corpus") == corpus
+                   and (c.controls.n_params or math.inf) <= calibrate_max_params]
+    return calibration, [c for c in big if c.meta.get("corpus") == corpus], str(corpus)

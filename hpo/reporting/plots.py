@@ -385,3 +385,44 @@ def plot_rung_predictions(rungs: Sequence[Any], labels: dict[str, str], finals: 
                  "(regret needs every trial's final loss: run with --audit for it)", fontsize=10)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+#: A colour per method in :func:`plot_replay` (the keep rules and Ray's median stopping).
+METHOD_COLORS = {"collapse": "tab:blue", "current-best": "tab:orange", "asha": "tab:red", "median": "tab:green",
+                 "paired-test": "tab:purple", "top-k": "tab:brown"}
+
+
+def plot_replay(points: Sequence[Any], stop_at: Sequence[dict[str, Any]], noise: Optional[float], path: Path,
+                title: str) -> Path:
+    """``hpo replay``'s plot: mean regret against mean compute over the replayed sweeps, a point
+    per rule setting (``hpo.trials.rule_replay.Point``: method, setting, compute, regret, default)
+    coloured by method, the shipped default ringed; ``stop_at`` (s, compute, predicted-best and
+    current-best mean regret) as labelled markers; the noise yardstick dotted."""
+    fig, ax = _figure(8.0, 5.0)
+    for method, color in METHOD_COLORS.items():
+        mine = [p for p in points if p.method == method]
+        if mine:
+            ax.scatter([p.compute for p in mine], [p.regret for p in mine], s=18, color=color, alpha=0.75,
+                       label=method)
+    for p in points:
+        if p.default:
+            ax.scatter([p.compute], [p.regret], s=140, facecolors="none", edgecolors="black", lw=1.5,
+                       label=f"default ({p.setting})")
+    for rule, style in RULE_STYLE.items():
+        pts = [(r["compute"], r[f"regret_{rule.split('_')[0]}"], r["s"]) for r in stop_at]
+        if pts:
+            ax.plot([c for c, _, _ in pts], [g for _, g, _ in pts], color=style["color"], marker=style["marker"],
+                    ms=6, lw=1.0, ls="--", label=f"{style['label']}: every trial stopped at s")
+            for c, g, s in pts:
+                ax.annotate(f"s {s:g}", (c, g), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                            color=style["color"])
+    if noise:
+        ax.axhline(noise, color="0.4", ls=":", lw=1, label=f"noise {noise:.4f}")
+    ax.axhline(0.0, color="0.4", lw=0.8)
+    ax.set_xlim(0.0, 1.0)
+    ax.set_xlabel("mean compute (fraction of the full sweeps)")
+    ax.set_ylabel("mean regret = final loss of pick − best final loss")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, path)

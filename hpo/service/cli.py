@@ -1,4 +1,5 @@
-"""The ``hpo`` command line: train, sweep, resume, report; submit, status, answer, logs, stop.
+"""The ``hpo`` command line: train, sweep, resume, report; calibrate, monitor, replay; submit, status,
+answer, logs, stop.
 
 Every command validates its input first and exits with status 2 and one message naming
 the field (and file) at fault, before anything is written. No message, and no traceback,
@@ -22,6 +23,7 @@ from hpo.data import sweep_config_path
 from hpo.common.errors import InputError, input_error_behind
 from hpo.common.overrides import ConfigError, apply_overrides, check_safe_name, format_validation_error, read_yaml
 from hpo.common.paths import check_output_dir
+from hpo.service.replay import add_parser as add_replay_parser
 from hpo.tracking.uri import INVALID_HOST, host_rejected_message, strip_credentials
 
 
@@ -489,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_monitor_parser(sub)
 
     _add_calibrate_parser(sub)
+    add_replay_parser(sub)
 
     submit = sub.add_parser("submit", help="run a sweep as a Ray Job on a cluster (validated here first)")
     submit.add_argument("config", help="YAML sweep config, or the name of a packaged one (quickstart)")
