@@ -53,13 +53,16 @@ def test_hpo_replay_public_prints_the_benchmarks_numbers(public_replay, capsys) 
 
 def test_the_readme_states_the_public_figures_hpo_replay_prints(public_replay) -> None:
     out, _ = public_replay
-    counts = json.loads((out / "cli" / "replay.json").read_text())["summary"]["stop_at_s"]["0.3"]
-    readme = (REPO / "README.md").read_text().split("## When it pays")[0]
-    assert "hpo replay public" in readme
-    found = re.search(r"predicted-best.*?within noise on (\d+) of (\d+).*?current-best.*?on (\d+)", readme, re.S)
-    assert found, "the README's top states the held-out public figures"
-    assert tuple(map(int, found.groups())) == (counts["predicted_best_within"], counts["sweeps"],
-                                               counts["current_best_within"])
+    counts = json.loads((out / "cli" / "replay.json").read_text())["summary"]["stop_at_s"]
+    readme = " ".join((REPO / "README.md").read_text().split("## When it pays")[0].split())
+    assert "`hpo replay public`" in readme
+    found = re.search(r"stopped at s = 0\.1 / 0\.2 / 0\.3\b.*? on (\d+) / (\d+) / (\d+) of (\d+) sweeps, "
+                      r"the lowest loss so far \(current-best\) on (\d+) / (\d+) / (\d+)", readme)
+    assert found, "the README's top states the public figures"
+    numbers = list(map(int, found.groups()))
+    assert numbers[3] == counts["0.3"]["sweeps"]
+    assert numbers[:3] == [counts[s]["predicted_best_within"] for s in ("0.1", "0.2", "0.3")]
+    assert numbers[4:] == [counts[s]["current_best_within"] for s in ("0.1", "0.2", "0.3")]
 
 
 @pytest.mark.slow
