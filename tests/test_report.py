@@ -316,3 +316,23 @@ def test_report_says_when_the_early_answer_was_revised(tmp_path):
     write_report(tmp_path, predictor=StubPredictor(), plots=False)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Revised at 2026-12-05T07:00:00Z: replaces trial t0" in md and "retried after an error" in md
+
+
+def test_the_terminal_says_whether_the_early_answer_was_right(tmp_path, capsys):
+    # The early answer (t1) finished best of all: right. Announced on t0 instead, it missed by
+    # t0's final − t1's; without audit, "best" is only among the trials that finished.
+    make_state(tmp_path)
+    print_report(write_report(tmp_path, predictor=StubPredictor(), plots=False))
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the best final of every trial: the early answer was right" in text
+    state = make_state(tmp_path / "wrong", mode="sync", upto={"t2": 0.2, "t3": 0.2},
+                       statuses={"t2": "stopped", "t3": "stopped"})
+    state.early_answer = dict(state.early_answer, trial_id="t0")
+    state.save(tmp_path / "wrong" / "scheduler_state.json")
+    report = write_report(tmp_path / "wrong", predictor=StubPredictor(), plots=False)
+    print_report(report)
+    text = " ".join(capsys.readouterr().out.split())
+    missed = report.early_answer_final - report.best_final_loss
+    assert missed > 0 and report.best_trial == "t1"
+    assert (f"the best of the trials that finished is t1 (lr=0.002, τ=" in text
+            and f"the early answer missed by {missed:.4f}" in text)

@@ -95,6 +95,8 @@ class Report:
             ``would stop`` / ``stopped`` (here), ``out`` (at an earlier rung), ``not decided``,
             ``not reached``; ``reason``: the rung's words for it).
         status_counts: trials by status.
+        early_answer_final: the early answer's final loss, once its trial finished.
+        best_label: the best trial's config in words (``lr=0.005, τ=0.3``).
         compute_weighted: True when compute is weighted by N·D, False for equal weights.
     """
 
@@ -112,6 +114,8 @@ class Report:
     best_at_rungs: list[dict[str, Any]] = field(default_factory=list)
     status_counts: dict[str, int] = field(default_factory=dict)
     compute_weighted: bool = False
+    early_answer_final: Optional[float] = None
+    best_label: Optional[str] = None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -313,6 +317,9 @@ class Analysis:
             rep.compute_fraction_if_stopped, _ = compute_fraction(self.trials, fr)
 
         rep.early_answer = self._early_answer()
+        if rep.early_answer and rep.best_trial is not None:
+            rep.early_answer_final = known.get(str(rep.early_answer.get("trial_id")))
+            rep.best_label = self.label(rep.best_trial)
         rep.regret_curve = self.regret_curve()
         rep.best_at_rungs = self.best_at_rungs()
         notes.extend(self.regret_notes())

@@ -342,6 +342,19 @@ def _fmt_pct(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- terminal
+def early_answer_outcome(report: Report) -> Optional[str]:
+    """Whether the early answer was right, once its trial finished: its final against the best
+    final (of every trial, or of those that finished), and by how much it missed."""
+    final, best = report.early_answer_final, report.best_final_loss
+    if final is None or best is None or report.early_answer is None:
+        return None
+    among = "of every trial" if report.regret_is_true else "of the trials that finished"
+    if str(report.early_answer.get("trial_id")) == report.best_trial:
+        return f"  it finished at {final:.4f}, the best final {among}: the early answer was right"
+    return (f"  it finished at {final:.4f}; the best {among} is {report.best_trial} ({report.best_label}) at "
+            f"{best:.4f}: the early answer missed by {final - best:.4f}")
+
+
 def print_report(report: Report, console: Any = None) -> None:
     """A compact rich table of the rung picks, compute used, early answer and paths."""
     from rich.console import Console
@@ -392,5 +405,7 @@ def print_report(report: Report, console: Any = None) -> None:
                       f"{_fmt(ea.get('predicted_final_loss'))}")
         if isinstance(ea.get("revised"), dict):
             console.print(f"  revised: replaces trial {ea['revised'].get('from')} ({ea['revised'].get('why')})")
+        if (outcome := early_answer_outcome(report)) is not None:
+            console.print(outcome, highlight=False)
     for name, path in report.paths.items():
         console.print(f"  {name}: {path}", soft_wrap=True, highlight=False)
