@@ -193,9 +193,11 @@ def _told(output: Path) -> list[Any]:
     return [t for t in study.trials if t.state.is_finished()]
 
 
-# The rebuild's own behaviour is tested above without a cluster; the lost-state case end to end
-# (a second killed and resumed sweep, ~1-3 min here) runs with the slow tests.
-@pytest.mark.parametrize("searcher_state", ["saved", pytest.param("lost", marks=pytest.mark.slow)])
+# The rebuild's own behaviour is tested above without a cluster; the killed and resumed search
+# sweeps end to end (~1 min each on 2 cores, the default suite's slowest) run with the slow tests
+# in .ci/run.
+@pytest.mark.slow
+@pytest.mark.parametrize("searcher_state", ["saved", "lost"])
 def test_a_resumed_search_sweep_restores_or_rebuilds_tpe_and_repeats_no_finished_configuration(
         searcher_state: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Kill the driver once TPE has been told a trial, resume: the searcher comes back from the

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -16,6 +18,8 @@ def _module():
     return module
 
 
+# The benchmark's own report (20 s on 2 cores): with the slow tests in .ci/run.
+@pytest.mark.slow
 def test_sizes_report_scores_every_method_on_the_largest_widths(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     md = tmp_path / "sizes.md"

@@ -25,6 +25,9 @@ def two_node_cluster():
         cluster.stop()
 
 
+# ~1 min on 2 cores (two Ray nodes started, then a sweep): with the slow tests in .ci/run, beside
+# tests/test_jobs.py's sweep submitted to two nodes.
+@pytest.mark.slow
 def test_sweep_through_two_node_cluster(tmp_path: Path, two_node_cluster: RayCluster) -> None:
     # `hpo sweep --address` uses the running cluster (2 nodes × 1 CPU) and finishes the sweep.
     output = tmp_path / "out"
