@@ -47,3 +47,19 @@ def test_progress_line_shows_the_slots_busy(capsys):
     c.status = "PENDING"
     progress.on_trial_complete(0, [a, b, c], b)
     assert "1/2 slots busy" in capsys.readouterr().out
+
+
+def test_a_progress_line_is_one_line_at_80_columns(capsys, monkeypatch):
+    # In a log (no terminal, 80 columns) a long progress line stays one line: wrapped, its trial
+    # id would stand alone on the next line and read as output of its own.
+    from types import SimpleNamespace
+
+    from hpo.reporting.progress import SweepProgress
+
+    monkeypatch.setenv("COLUMNS", "80")
+    summary = {"trials": {f"t{i}": {"status": "running"} for i in range(6)}, "compute_fraction": 0.1,
+               "rung_status": [], "predicted_best": {"trial_id": "b1808_00002"}}
+    progress = SweepProgress(SimpleNamespace(summary=lambda: summary), slots=2)
+    progress.on_trial_complete(0, [SimpleNamespace(status="RUNNING")], None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(lines) == 1 and len(lines[0]) > 80 and lines[0].endswith("predicted best b1808_00002")

@@ -165,7 +165,8 @@ class SweepProgress(tune.Callback):
             busy = f", {self._busy}/{self.slots} slots busy" if self.slots else ""
             console.print(f"[progress] {len(trials)} trials, {running} in the race{busy}, compute "
                           f"{100 * (summary.get('compute_fraction') or 0):.0f}%, predicted best "
-                          f"{best.get('trial_id', '–')}", markup=False, highlight=False)
+                          f"{best.get('trial_id', '–')}", markup=False, highlight=False,
+                          soft_wrap=True)  # one log line each, never wrapped (a wrapped id reads as output)
 
     def _count_busy(self, trials: list, ending: Any = None) -> None:
         # Ray calls on_trial_complete before it marks the trial TERMINATED: it is no longer busy.
