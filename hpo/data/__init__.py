@@ -9,8 +9,8 @@ a repository checkout next to the code. This folder holds the only copy of each 
   parameters), the default of every sweep.
 * ``predictors/public_lm.json``: fitted on public training logs of 33M–93M-parameter language
   models (``benchmarks/public_sweeps.py`` writes it; licence and source in its provenance and in
-  ``curves/README.md``), the default of a sweep whose model has N of 10M and up
-  (:func:`default_predictor_path`).
+  ``curves/README.md``), the default of a sweep whose model is nearer its sizes than
+  the CPU default's (N above about 4M, the geometric middle; :func:`default_predictor_path`).
 * ``sweeps/<name>.yaml``: sweeps runnable by name from any directory, ``hpo sweep quickstart``.
 """
 
