@@ -117,6 +117,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             raise ConfigError("--from-curves, --from-mlflow and --from-logs: give one of them")
         label = (Path(args.from_curves).stem if args.from_curves else Path(args.from_logs).resolve().name
                  if args.from_logs else f"mlflow_{args.from_mlflow}")
+        if args.from_logs and not args.config and not any(o.startswith("fit.t_min=") for o in overrides):
+            # Training logs are evaluated every few hundred steps: a short run's first point can
+            # come after 5% of training. The fit starts at the scheduler's earliest rung instead.
+            overrides = ("fit.t_min=0.1",) + overrides
         config = user_curves_config(label, args.config, overrides)
         try:
             check_safe_name(config.name)
