@@ -49,34 +49,41 @@ def resource_path(relative: str) -> Path:
     return target
 
 
-def packaged_predictors() -> dict[str, tuple[float, float]]:
+def packaged_predictors() -> dict[str, tuple[float, float, str]]:
     """The packaged predictors (relative paths) with the smallest and largest non-embedding model
-    size each was fitted on (its ``provenance["model_sizes"]``)."""
+    size each was fitted on (its ``provenance["model_sizes"]``) and the loss it was fitted on
+    (``provenance["metric"]``; ``loss`` where not recorded)."""
     out = {}
     for relative in PACKAGED_PREDICTORS:
-        sizes = [float(n) for n in json.loads(resource_path(relative).read_text())["provenance"]["model_sizes"]]
-        out[relative] = (min(sizes), max(sizes))
+        provenance = json.loads(resource_path(relative).read_text())["provenance"]
+        sizes = [float(n) for n in provenance["model_sizes"]]
+        out[relative] = (min(sizes), max(sizes), str(provenance.get("metric") or "loss"))
     return out
 
 
-def default_predictor_path(n_params: Optional[float] = None) -> Path:
-    """The packaged predictor the product uses for a run of ``n_params`` non-embedding parameters:
+def default_predictor_path(n_params: Optional[float] = None, metric: Optional[str] = None) -> Path:
+    """The packaged predictor the product uses for a run of ``n_params`` non-embedding parameters
+    deciding on ``metric`` (``loss`` or ``val_loss``; None: any): among those fitted on that metric,
     the one whose fitted sizes lie nearest N in log (inside a predictor's range is distance 0).
     Without N, the CPU default (``predictors/default.json``, the quickstart's scale).
 
     Example:
         >>> default_predictor_path().name, default_predictor_path(1e5).name, default_predictor_path(85e6).name
         ('default.json', 'default.json', 'public_lm.json')
+        >>> default_predictor_path(85e6, metric="loss").name  # the public one is fitted on val_loss
+        'default.json'
     """
     if n_params is None or not (math.isfinite(float(n_params)) and float(n_params) > 0):
         return resource_path(DEFAULT_PREDICTOR)
     n = math.log(float(n_params))
 
-    def distance(span: tuple[float, float]) -> float:
+    def distance(span: tuple[float, float, str]) -> float:
         low, high = math.log(span[0]), math.log(span[1])
         return max(low - n, n - high, 0.0)
 
-    spans = packaged_predictors()
+    spans = {k: v for k, v in packaged_predictors().items() if metric is None or v[2] == metric}
+    if not spans:
+        return resource_path(DEFAULT_PREDICTOR)
     return resource_path(min(spans, key=lambda relative: (distance(spans[relative]), relative)))
 
 

@@ -355,11 +355,12 @@ class SweepConfig(_Strict):
         return Path(self.output_given()).resolve()
 
     def predictor_path(self) -> Path:
-        """The sweep's predictor: the one named, else the packaged one nearest the model's size
-        (``hpo.data.default_predictor_path``)."""
+        """The sweep's predictor: the one named, else the packaged one fitted on the sweep's metric
+        nearest the model's size (``hpo.data.default_predictor_path``)."""
         from hpo.data import default_predictor_path
 
-        return Path(self.predictor).resolve() if self.predictor else default_predictor_path(self.n_params())
+        return (Path(self.predictor).resolve() if self.predictor
+                else default_predictor_path(self.n_params(), self.scheduler.metric))
 
     def n_params(self) -> Optional[int]:
         """N (non-embedding) of the base trainer's model; None where the trainer section does not
