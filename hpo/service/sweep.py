@@ -357,6 +357,10 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     # warning for a *slow* snapshot (TUNE_WARN_SLOW_..., 30 s) stays on.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     _init_ray(config, address, tracking_uri)
+    # After ray.init, which installs a SIGTERM handler that aborts the driver mid-run.
+    from hpo.service.stop_signal import DeferredStop, stop_like_ctrl_c
+
+    stop_like_ctrl_c(f"continue it with `hpo resume {output}`")
     if restore:
         _relocate(config, output, created_in or output)
     else:
@@ -412,7 +416,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
             metric=config.scheduler.metric, mode="min",
             scheduler=scheduler, search_alg=search_alg,  # the search algorithm holds the concurrency limit
             reuse_actors=True, verbose=0,
-            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs],
+            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs, DeferredStop()],
             raise_on_failed_trial=False,
             resume_config=(ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME,
                                         errored=ResumeConfig.ResumeType.RESUME) if restore else None),
@@ -506,12 +510,17 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     state = _state(output)
     # Ctrl-C: Ray Tune saves and ends the run, and may mark the unfinished trials TERMINATED;
     # a trial the scheduler has neither finished, stopped nor seen fail tells it apart.
-    interrupted = (any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+    from hpo.service.stop_signal import stop_requested
+
+    interrupted = (stop_requested() or any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
                    or any(t.get("status") not in TERMINAL_STATUSES for t in state.get("trials", {}).values()))
     for trial_id, trial in state.get("trials", {}).items():
+        # A trial still going when the sweep was stopped is KILLED (what `hpo stop` marks it),
+        # not FAILED nor FINISHED: `hpo resume` continues it.
+        ended = ("FAILED" if trial.get("status") == TrialStatus.ERROR else
+                 "FINISHED" if trial.get("status") in TERMINAL_STATUSES else "KILLED")
         try:
-            tracker.close_child(trial_id, verdict_from_state(trial),
-                                "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
+            tracker.close_child(trial_id, verdict_from_state(trial), ended)
         except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
             pass
     with contextlib.suppress(Exception):  # the answer and the rung table on the parent run's page
