@@ -8,6 +8,7 @@ subprocess, in a folder of its own that holds only the case's input files.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ SECRET = "s3cr3t-pw"
 def sweep_config(**changes: Any) -> dict[str, Any]:
     """A valid one-trial sweep into ./out, with ``changes`` merged in (dotted keys allowed)."""
     config: dict[str, Any] = {
-        "name": "bad-input", "output_dir": "out", "trainer": dict(TINY_TRAINER),
+        "name": "bad-input", "output_dir": "out", "trainer": copy.deepcopy(TINY_TRAINER),
         "search_space": {"lr": {"grid": [0.01]}}, "mlflow": {"experiment": "bad-input"},
     }
     for key, value in changes.items():
@@ -350,6 +351,24 @@ CASES: list[Case] = [
     Case("val_loss_with_train_loss_predictor", "`scheduler.metric: val_loss` with the shipped (train-loss) predictor",
          ["sweep", "s.yaml"], _yaml(sweep_config(**{"scheduler.metric": "val_loss", "trainer.eval_every": 5})),
          ("predictor", "fitted on loss", "scheduler.metric is val_loss")),
+    # Round four: resources and values that make no sense, checked before Ray starts.
+    Case("batch_2e30_one_step", "`search_space: {batch_size: {grid: [1073741824]}}` (one step for the tiny model)",
+         ["sweep", "s.yaml"], _yaml(sweep_config(**{"search_space.batch_size": {"grid": [2**30]}})),
+         ("tokens_per_param", "1 optimizer step", "limits.min_steps")),
+    Case("batch_2e30_memory", "a batch of 2^30 tokens trained long enough (`limits.min_steps: 1`)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search_space.batch_size": {"grid": [2**30]}, "limits.min_steps": 1})),
+         ("trainer.batch_size", "1,073,741,824", "needs about", "MB", "share of this machine")),
+    Case("trial_memory_mb_too_small", "`resources.memory_mb: 100` (below the tiny trial's estimate)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"resources.memory_mb": 100})), ("needs about", "resources.memory_mb 100 MB")),
+    Case("train_batch_2e30", "`hpo train` with `batch_size: 1073741824`", ["train", "--config", "t.yaml", "--output", "out"],
+         _text("t.yaml", yaml.safe_dump({**TINY_TRAINER, "lr": 0.01, "batch_size": 2**30})),
+         ("t.yaml", "batch_size", "1,073,741,824", "needs about", "this machine")),
+    Case("tokens_per_param_tiny", "`trainer.tokens_per_param: 1e-6` (one step)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.tokens_per_param": 1e-6})), ("tokens_per_param", "1e-06", "limits.min_steps")),
+    Case("grid_duplicate_values", "duplicate grid values (`lr: {grid: [0.01, 0.01]}`)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search_space.lr": {"grid": [0.01, 0.01]}})), ("search_space.lr", "0.01", "more than once")),
+    Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]
 
 

@@ -37,12 +37,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(format_validation_error(exc, args.config)) from None
     output = check_output_dir(args.output if args.output is not None else f"runs/train/{Path(args.config).stem}",
                               "--output")
+    _check_train_memory(config, args.config)
     try:
         summary = run_to_directory(config, output, progress=not args.quiet)
     except DataError as exc:  # raised while building the run, before anything is written
         raise ConfigError(f"{args.config}: {exc}") from None
     print(f"status: {summary.get('status')}; wrote {output.resolve()}")
     return 0 if summary.get("status") != "diverged" else 1
+
+
+def _check_train_memory(config: Any, source: str) -> None:
+    """``hpo train``: the run's estimated peak memory (``trainers.memory``) must fit this machine."""
+    from trainers.corpus import training_tokens
+    from trainers.memory import estimate_train_memory, machine_memory_mb
+
+    try:
+        data_tokens = training_tokens(config.data.model_dump())
+    except Exception:  # noqa: BLE001 - the run's own data loading names a corpus problem
+        data_tokens = 0
+    estimate, machine = estimate_train_memory(config, data_tokens), machine_memory_mb()
+    if estimate.total_mb > machine:
+        raise ConfigError(f"{source}: batch_size: {config.batch_size:,} tokens a step ({config.micro_batch_tokens:,} a "
+                          f"forward pass): the run needs {estimate.describe()}, above this machine's "
+                          f"{machine:,.0f} MB; lower batch_size or set micro_batch_size (gradients are accumulated)")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -84,6 +85,8 @@ def _trainable(config: SweepConfig) -> Any:
     from hpo.trials.trainable import CollapseTrainable
 
     resources = {"cpu": config.resources.cpu, "gpu": config.resources.gpu}
+    if config.resources.memory_mb is not None:  # Ray places a trial only where this much is free
+        resources["memory"] = int(config.resources.memory_mb * 2**20)
     return tune.with_resources(
         tune.with_parameters(CollapseTrainable, base_trainer=_base_trainer(config),
                              experiment_dir=str(experiment_dir(config))),
@@ -621,12 +624,61 @@ def check_data(config: SweepConfig) -> Optional[str]:
                             f"data.corpus {trial.data.corpus!r} is read as bytes (V = 256)")
         available = training_tokens(trial.data.model_dump())
     except (DataError, OSError) as exc:
-        raise ConfigError(f"{config.name}: trainer.{exc}" if isinstance(exc, DataError) else
+        said = isinstance(exc, DataError) or str(exc).startswith("data.")  # the message names its field
+        raise ConfigError(f"{config.name}: trainer.{exc}" if said else
                           f"{config.name}: trainer.data.corpus: {exc}") from None
     longest = max(run_controls(TrainConfig.model_validate(t)).total_tokens for t in _trial_extremes(config))
     from trainers.data import repeated_data_warning
 
     return repeated_data_warning(longest, available, trial.data.corpus)
+
+
+def check_memory(config: SweepConfig, local: bool) -> None:
+    """Every trial's estimated peak memory (``trainers.memory``: batch, sequence, model, optimizer
+    state, data) must fit what it gets: ``resources.memory_mb`` where set, else (this machine's
+    own Ray, ``local``) its share of this machine, the memory over the trials that run at once.
+    One line naming the value and the estimate otherwise, before Ray starts."""
+    from trainers.config import TrainConfig
+    from trainers.corpus import TOKEN_DTYPES, token_dataset_dir, training_tokens
+    from trainers.memory import estimate_train_memory, machine_memory_mb
+
+    trial_mb = config.resources.memory_mb
+    where = f"resources.memory_mb {trial_mb:,.0f} MB" if trial_mb is not None else ""
+    if trial_mb is None:
+        if not local:
+            return  # a cluster's nodes are not this machine; resources.memory_mb says what a trial gets
+        machine = machine_memory_mb()
+        cpus = config.ray.num_cpus or os.cpu_count() or 1
+        at_once = int(cpus // max(config.resources.cpu, 1e-9)) or 1
+        if all(d.grid is not None for d in config.search_space.values()):  # a grid: no more than its trials
+            at_once = min(at_once, config.num_samples * math.prod(len(d.grid or ()) for d in config.search_space.values()))
+        trial_mb = machine / at_once
+        where = (f"a trial's share of this machine's memory, {trial_mb:,.0f} MB ({machine:,.0f} MB over "
+                 f"{at_once} trial(s) at once)")
+    base = TrainConfig.model_validate(_base_trainer(config))
+    try:
+        data_tokens = training_tokens(base.data.model_dump())
+    except Exception:  # noqa: BLE001 - check_data names a corpus problem
+        data_tokens = 0
+    token_bytes = 1 if token_dataset_dir(base.data.corpus) is None else TOKEN_DTYPES[base.data.token_dtype]().itemsize
+    names = list(config.search_space)
+    for values, trial in zip(_search_corners(config), _trial_extremes(config)):
+        trainer = TrainConfig.model_validate(trial)
+        estimate = estimate_train_memory(trainer, data_tokens, token_bytes)
+        if estimate.total_mb > trial_mb:
+            searched = ", ".join(f"{n}={int(v)}" if float(v).is_integer() else f"{n}={v:g}" for n, v in zip(names, values))
+            raise ConfigError(
+                f"{config.name}: trainer.batch_size: {trainer.batch_size:,} tokens a step "
+                f"({trainer.micro_batch_tokens:,} a forward pass) in trial {searched}: one trial needs "
+                f"{estimate.describe()}, above {where}; lower batch_size, set trainer.micro_batch_size "
+                "(gradients are accumulated), or run fewer trials at once (ray.num_cpus, resources.cpu)")
+
+
+def _search_corners(config: SweepConfig) -> list[tuple[float, ...]]:
+    """The searched values of each trial of :func:`_trial_extremes`, in the same order."""
+    import itertools
+
+    return list(itertools.product(*(config.search_space[n].extremes() for n in config.search_space)))
 
 
 def check_device(config: SweepConfig) -> None:
@@ -678,6 +730,7 @@ def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, A
     if address is None:
         check_device(config)
     warning = check_data(config)
+    check_memory(config, local=not (address or config.ray.address or os.environ.get("RAY_ADDRESS")))
     if warning:
         print(f"{warning} in the longest trial of sweep {config.name}", flush=True)
     with hold_folder(output, "hpo sweep"):
