@@ -170,6 +170,18 @@ def _duplicate_key_predictor(d: Path) -> None:
     _yaml(sweep_config(predictor="p.json"))(d)
 
 
+def _predictor_param(name: str, value: float) -> Callable[[Path], None]:
+    """The shipped predictor with ``params.<name>`` set to ``value``, as the sweep's predictor."""
+    def make(d: Path) -> None:
+        import json
+
+        document = json.loads((REPO / "hpo/data/predictors/default.json").read_text())
+        document["params"][name] = value
+        (d / "p.json").write_text(json.dumps(document))
+        _yaml(sweep_config(predictor="p.json"))(d)
+    return make
+
+
 @dataclass(frozen=True)
 class Case:
     """One bad input: the ``hpo`` arguments, how to create its input files, and the words the
@@ -367,6 +379,13 @@ CASES: list[Case] = [
          _yaml(sweep_config(**{"trainer.tokens_per_param": 1e-6})), ("tokens_per_param", "1e-06", "limits.min_steps")),
     Case("grid_duplicate_values", "duplicate grid values (`lr: {grid: [0.01, 0.01]}`)", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"search_space.lr": {"grid": [0.01, 0.01]}})), ("search_space.lr", "0.01", "more than once")),
+    Case("predictor_m_1e300", "a predictor file with `m: 1e300`", ["sweep", "s.yaml"],
+         _predictor_param("m", 1e300), ("p.json", "params.m", "1e+300", "recalibrate")),
+    Case("predictor_b_const_1e308", "a predictor file with `b_const: 1e308`", ["sweep", "s.yaml"],
+         _predictor_param("b_const", 1e308), ("p.json", "params.b_const", "1e+308")),
+    Case("curve_file_proc_symlink", "a curve file that is a symlink to `/proc/self/mem`",
+         ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
+         lambda d: (d / "curves.csv").symlink_to("/proc/self/mem"), ("curves.csv", "/proc")),
     Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]

@@ -70,7 +70,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.audit:
         overrides.append("scheduler.mode=audit")
     if args.output is not None:  # quoted: `--output ""` stays an empty path (refused), not null (the default)
-        overrides.append(f"output_dir={json.dumps(args.output)}")
+        overrides.append(f"output_dir={json.dumps(args.output, ensure_ascii=False)}")
     config = load_sweep_config(sweep_config_path(args.config), overrides=tuple(overrides))
     # run_sweep checks everything that can fail without writing (hpo.service.sweep.preflight_sweep)
     # before it imports Ray or MLflow or writes a file.
