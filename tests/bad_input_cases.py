@@ -164,6 +164,12 @@ def _resumable_with_binary_state(d: Path) -> None:
     (d / "old" / "scheduler_state.json").write_bytes(bytes(range(256)) * 4)
 
 
+def _resumable_with_foreign_state(d: Path) -> None:
+    """As :func:`_resumable_with_binary_state`, with a state file of another layout under version 2."""
+    _resumable_with_binary_state(d)
+    (d / "old" / "scheduler_state.json").write_text('{"version": 2, "checkpoints": [], "searcher": {}}')
+
+
 def _duplicate_key_predictor(d: Path) -> None:
     text = (REPO / "hpo/data/predictors/default.json").read_text()
     (d / "p.json").write_text(text.replace('"schema_version": 4,', '"schema_version": 4,\n  "schema_version": 4,', 1))
@@ -386,6 +392,9 @@ CASES: list[Case] = [
     Case("curve_file_proc_symlink", "a curve file that is a symlink to `/proc/self/mem`",
          ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
          lambda d: (d / "curves.csv").symlink_to("/proc/self/mem"), ("curves.csv", "/proc")),
+    Case("resume_foreign_state", "`hpo resume` on a state file of another layout (version 2, other keys)",
+         ["resume", "old"], _resumable_with_foreign_state,
+         ("scheduler_state.json", "version 2", "not its layout", "checkpoints")),
     Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]
