@@ -109,6 +109,16 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
                  runtime_env={"env_vars": env}, log_to_driver=False)
 
 
+def start_ray_then_credentials(config: SweepConfig, address: Optional[str]) -> str:
+    """Start (or join) Ray, then hand the tracking URI's credentials to MLflow; returns the URI
+    without them. In this order because Ray's processes (GCS, raylet, agents, and the workers
+    the raylet starts later) copy this process's environment when they start: credentials put
+    there first (MLflow reads them from MLFLOW_TRACKING_USERNAME / _PASSWORD) were in every
+    Ray process's /proc/<pid>/environ. Ray gets the URI stripped."""
+    _init_ray(config, address, strip_credentials(config.tracking_uri()))
+    return use_credentials(config.tracking_uri())
+
+
 def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predictor: Any,
                     resume: bool = False, on_decision: Any = None) -> Any:
     """The sweep's CollapseScheduler on ``predictor`` (the sweep's copy, loaded once by
@@ -348,9 +358,6 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from hpo.trials.trainable import short_trial_dirname
     from predictors import Predictor
 
-    # Credentials of an http(s) URI go to MLflow's environment variables of this process;
-    # from here on only the stripped URI exists.
-    tracking_uri = use_credentials(config.tracking_uri())
     # The sweep prints where its records are once, at start and in the summary; MLflow's own
     # "View run ... at" line for every run it ends (an http server) would bury the rung lines.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -359,7 +366,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     # seconds on short trials. Ray's "excessive sync" warning about it is noise here; its
     # warning for a *slow* snapshot (TUNE_WARN_SLOW_..., 30 s) stays on.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    _init_ray(config, address, tracking_uri)
+    tracking_uri = start_ray_then_credentials(config, address)
     # After ray.init, which installs a SIGTERM handler that aborts the driver mid-run.
     from hpo.service.stop_signal import DeferredStop, stop_like_ctrl_c
 
