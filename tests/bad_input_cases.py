@@ -395,6 +395,9 @@ CASES: list[Case] = [
     Case("resume_foreign_state", "`hpo resume` on a state file of another layout (version 2, other keys)",
          ["resume", "old"], _resumable_with_foreign_state,
          ("scheduler_state.json", "version 2", "not its layout", "checkpoints")),
+    Case("own_store_not_a_database", "`out/mlflow.db` is not a database (a new sweep into out/)", ["sweep", "s.yaml"],
+         lambda d: ((d / "out").mkdir(), (d / "out" / "mlflow.db").write_bytes(b"not a database\n" * 100),
+                    _yaml(sweep_config())(d)), ("mlflow.db", "not a usable SQLite database")),
     Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]

@@ -305,3 +305,20 @@ def test_tracking_credentials_reach_the_driver_but_no_ray_process(tmp_path: Path
         assert uri == "http://127.0.0.1:9" and os.environ["MLFLOW_TRACKING_PASSWORD"] == secret
     finally:
         ray.shutdown()
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_refused_before_ray(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    from hpo.common.overrides import ConfigError
+    from hpo.service.sweep import check_disk_space
+
+    config = load_sweep_config(data=tiny_sweep(tmp_path / "out"))
+    check_disk_space(config, config.output_path())  # this machine's disk has room
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 2**20, 2**20))  # 1 MB free
+    with pytest.raises(ConfigError, match=r"output_dir: .*out: 1.0 MB free on its filesystem .* needs about \d+ MB "
+                                          r"\(4 trial\(s\) x 3 checkpoints"):
+        check_disk_space(config, config.output_path())
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ Ray and torch are imported inside the commands that need them, after validation.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -535,6 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: errno values of a full or read-only disk, said in one line instead of a traceback.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from hpo.decisions.scheduler_state import StateFileError
@@ -544,6 +549,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (InputError, StateFileError) as exc:  # ConfigError, TrackingUriError, CurveBankError, ...
         print(f"error: {strip_credentials(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            print(strip_credentials(traceback.format_exc()), file=sys.stderr, end="")
+            return 1
+        # A disk that filled (or turned read-only) mid-command: what was written is consistent
+        # (atomic writes), so a sweep continues with `hpo resume` once there is room.
+        where = exc.filename or getattr(args, "output_dir", None) or "the output folder"
+        print(f"error: {where}: {exc.strerror or exc}; free space (or make it writable) and run the command "
+              "again (`hpo resume DIR` for a sweep)", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - a bug or an outside failure: the traceback, without passwords
         error = input_error_behind(exc)
         if error is not None:  # raised in Ray Tune's loop (a report-contract error), wrapped by Ray

@@ -171,6 +171,13 @@ def check_predictor(path: Path, field: str = "predictor", metric: Optional[str] 
 
 def _check_tracking(config: SweepConfig) -> None:
     uri = config.mlflow.tracking_uri
+    if not uri:  # the sweep's own store in its output folder: where it exists, SQLite must open it
+        own = config.output_path() / "mlflow.db"
+        if own.is_file():
+            try:
+                check_tracking_uri(config.tracking_uri(), "output_dir")
+            except TrackingUriError as exc:
+                raise ConfigError(str(exc)) from None
     if uri:
         try:
             check_tracking_uri(uri, "mlflow.tracking_uri")
@@ -286,6 +293,10 @@ def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
         from hpo.decisions.scheduler_state import SchedulerState
 
         SchedulerState.load(output / STATE_FILE)  # a malformed state: StateFileError naming the file
+    for written in (output / STATE_FILE, output / "mlflow.db", output / CONFIG_FILE):
+        if written.exists() and not os.access(written, os.W_OK):  # immutable, or another user's
+            raise ConfigError(f"{written}: not writable; the resumed sweep writes it (make it writable, "
+                              "or copy the folder and resume the copy)")
     _check_tracking(config)
     return config, output, created_in
 
@@ -681,6 +692,36 @@ def check_memory(config: SweepConfig, local: bool) -> None:
                 "(gradients are accumulated), or run fewer trials at once (ray.num_cpus, resources.cpu)")
 
 
+#: Disk a sweep needs besides its checkpoints (MB): the MLflow store, Ray's experiment state,
+#: logs and the report with its plots.
+DISK_BASE_MB = 64.0
+#: Checkpoints a trial keeps on disk at once: Ray's num_to_keep (2) and a rung's pause checkpoint.
+CHECKPOINTS_PER_TRIAL = 3
+
+
+def check_disk_space(config: SweepConfig, output: Path) -> None:
+    """The output folder's filesystem must have room for the sweep's checkpoints (every trial
+    keeps :data:`CHECKPOINTS_PER_TRIAL` of its weights and AdamW moments) and records: one line
+    naming the folder, the space free and the space needed, before Ray starts (a full disk met
+    mid-sweep was 1,177 lines of tracebacks from Ray, the state save and MLflow)."""
+    import shutil
+
+    from trainers.config import TrainConfig
+
+    existing = next(p for p in (output, *output.parents) if p.exists())
+    free_mb = shutil.disk_usage(existing).free / 2**20
+    grid = all(d.grid is not None for d in config.search_space.values())
+    trials = config.num_samples * (math.prod(len(d.grid or ()) for d in config.search_space.values()) if grid else 1)
+    model = TrainConfig.model_validate(_base_trainer(config)).model
+    checkpoint_mb = (model.n_params + model.n_embedding_params) * 12 / 2**20 + 1.0  # fp32 weights, 2 moments, history
+    need_mb = DISK_BASE_MB + trials * CHECKPOINTS_PER_TRIAL * checkpoint_mb
+    if free_mb < need_mb:
+        raise ConfigError(f"output_dir: {output}: {free_mb:,.1f} MB free on its filesystem ({existing}), the sweep "
+                          f"needs about {need_mb:,.0f} MB ({trials:,} trial(s) x {CHECKPOINTS_PER_TRIAL} checkpoints of "
+                          f"{checkpoint_mb:,.1f} MB, and {DISK_BASE_MB:.0f} MB of records); free space or choose "
+                          "another output_dir")
+
+
 def _search_corners(config: SweepConfig) -> list[tuple[float, ...]]:
     """The searched values of each trial of :func:`_trial_extremes`, in the same order."""
     import itertools
@@ -738,6 +779,7 @@ def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, A
         check_device(config)
     warning = check_data(config)
     check_memory(config, local=not (address or config.ray.address or os.environ.get("RAY_ADDRESS")))
+    check_disk_space(config, output)
     if warning:
         print(f"{warning} in the longest trial of sweep {config.name}", flush=True)
     with hold_folder(output, "hpo sweep"):
@@ -749,6 +791,7 @@ def resume_sweep(output_dir: str | Path, address: Optional[str] = None) -> dict[
     """``hpo resume``: checks, then the resumed sweep under the output folder's lock."""
     config, output, created_in = preflight_resume(output_dir)
     check_ray_address(config, address)
+    check_disk_space(config, output)
     with hold_folder(output, "hpo resume"):
         config, output, created_in = preflight_resume(output_dir)
         return _execute(config, output, address, restore=True, created_in=created_in)
