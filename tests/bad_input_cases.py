@@ -170,6 +170,12 @@ def _resumable_with_foreign_state(d: Path) -> None:
     (d / "old" / "scheduler_state.json").write_text('{"version": 2, "checkpoints": [], "searcher": {}}')
 
 
+def _resumable_with_state(d: Path) -> None:
+    """As :func:`_resumable_with_binary_state`, with an empty (valid) scheduler state."""
+    _resumable_with_binary_state(d)
+    (d / "old" / "scheduler_state.json").write_text('{"version": 2, "trials": {}, "rungs": []}')
+
+
 def _duplicate_key_predictor(d: Path) -> None:
     text = (REPO / "hpo/data/predictors/default.json").read_text()
     (d / "p.json").write_text(text.replace('"schema_version": 4,', '"schema_version": 4,\n  "schema_version": 4,', 1))
@@ -398,6 +404,14 @@ CASES: list[Case] = [
     Case("own_store_not_a_database", "`out/mlflow.db` is not a database (a new sweep into out/)", ["sweep", "s.yaml"],
          lambda d: ((d / "out").mkdir(), (d / "out" / "mlflow.db").write_bytes(b"not a database\n" * 100),
                     _yaml(sweep_config())(d)), ("mlflow.db", "not a usable SQLite database")),
+    Case("set_key_1000_parts", "`--set` with a 1,000-part dotted key",
+         ["sweep", "s.yaml", "--set", ".".join(["a"] * 1000) + "=1"], _yaml(sweep_config()),
+         ("--set a.a.a", "1,000 dotted parts", "nested deeper")),
+    Case("report_folder_is_file", "`hpo report DIR` where `DIR/report` is a file", ["report", "old"],
+         lambda d: (_resumable_with_state(d), (d / "old" / "report").write_text("x")), ("report", "not a directory")),
+    Case("report_sweep_folder_read_only", "`hpo report DIR` where `DIR` is immutable", ["report", "old"],
+         lambda d: (_resumable_with_state(d), _read_only(d / "old")), ("report", "not writable"),
+         teardown=lambda d: _writable_again(d / "old")),
     Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]

@@ -105,6 +105,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     directory = Path(args.output_dir)
     if not (directory / "scheduler_state.json").exists():
         raise ConfigError(f"{directory}: not a sweep output directory (no scheduler_state.json)")
+    check_output_dir(directory / "report", "report folder")  # a file in its place, an unwritable sweep folder
     report = write_report(directory)
     print_report(report)
     from hpo.service.sweep import upload_pending
