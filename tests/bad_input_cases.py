@@ -412,6 +412,8 @@ CASES: list[Case] = [
     Case("report_sweep_folder_read_only", "`hpo report DIR` where `DIR` is immutable", ["report", "old"],
          lambda d: (_resumable_with_state(d), _read_only(d / "old")), ("report", "not writable"),
          teardown=lambda d: _writable_again(d / "old")),
+    Case("calibration_bank_etc_passwd", "calibration `bank: /etc/passwd`", ["calibrate", "c.yaml", "--fit-only"],
+         _text("c.yaml", "name: x\nbank: /etc/passwd\n"), ("bank", "/etc/passwd", "not a parquet curve bank")),
     Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
          _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]
