@@ -84,3 +84,16 @@ def test_a_trials_memory_estimate_bounds_what_it_was_measured_at_and_scales_with
     # Gradient accumulation: the activations of one forward pass, not of the whole step.
     assert estimate(batch_size=65536, micro_batch_size=2048) == estimate(batch_size=2048)
     assert estimate(batch_size=2**30) > 1e6  # the 2^30-token step of the bad-input table: terabytes
+
+
+def test_a_calibration_that_would_run_for_days_is_refused_with_the_time(monkeypatch) -> None:
+    from hpo.calibration.memory import check_fit_time, fit_seconds
+
+    monkeypatch.delenv("HPO_TIME_BUDGET_S", raising=False)
+    check_fit_time(48, "curves.csv", held_out=True)  # 242 s measured: within the hour
+    with pytest.raises(MemoryBudgetError, match=r"big.csv: calibrating 17,682 curves with held-out refits would take "
+                                                r"about [\d,.]+ days, above the time budget of 1.0 h"):
+        check_fit_time(17_682, "big.csv", held_out=True)
+    check_fit_time(17_682, "big.csv", held_out=False)  # no refits: not this estimate's business
+    monkeypatch.setenv("HPO_TIME_BUDGET_S", str(fit_seconds(17_682) + 1))
+    check_fit_time(17_682, "big.csv", held_out=True)

@@ -20,7 +20,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpo.calibration.fit import FitSettings, fit_and_report
-from hpo.calibration.memory import check_fit_memory
+from hpo.calibration.memory import check_fit_memory, check_fit_time
 from hpo.trials.curve_bank import bank_curves, fill_epochs, load_bank, run_id_of
 from hpo.common.output_lock import hold_folder
 from hpo.common.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
@@ -327,6 +327,7 @@ def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str,
         raise ConfigError("predictor_out: a calibration from curves must write a predictor (got null)")
     preflight_outputs(config)  # also checked by `hpo calibrate` before the curves were read
     check_fit_memory(len(imported.curves), imported.source)  # before the lock file or any fit
+    check_fit_time(len(imported.curves), imported.source, config.fit.held_out_error)
     predictor_path = _predictor_out(config)
     with hold_folder(_output(config), "hpo calibrate"):
         summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),
