@@ -80,7 +80,7 @@ def test_sweep_with_missing_predictor_writes_nothing(tmp_path: Path, capsys: pyt
     output = tmp_path / "sweep_out"
     config = _write(tmp_path / "s.yaml", {
         "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
-        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(tmp_path / "missing.json"),
+        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(tmp_path / "missing.json"), "limits": {"min_steps": 1},
     })
     assert main(["sweep", str(config)]) == 2
     assert "missing.json" in capsys.readouterr().err
@@ -104,7 +104,7 @@ def test_sweep_with_malformed_predictor_names_file_and_field(
     output = tmp_path / "sweep_out"
     config = _write(tmp_path / "s.yaml", {
         "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
-        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(predictor),
+        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(predictor), "limits": {"min_steps": 1},
     })
     assert main(["sweep", str(config)]) == 2
     err = capsys.readouterr().err
