@@ -54,6 +54,10 @@ PERSIST_SHARE = 20
 logger = logging.getLogger("hpo.decisions.scheduler")
 
 
+#: The top-level keys of a state file (versions 1 and 2).
+STATE_KEYS = ("version", "experiment_id", "settings", "history_file", "trials", "rungs", "early_answer", "updated_at")
+
+
 class StateFileError(ValueError):
     """``scheduler_state.json`` could not be read; the message names the file."""
 
@@ -362,6 +366,12 @@ class SchedulerState:
             version = data.get("version")
             if version not in (1, SCHEMA_VERSION):
                 raise ValueError(f"unsupported version {version!r} (this code reads 1 and {SCHEMA_VERSION})")
+            # A file of another layout under a known version number (another tool's, a later
+            # one's) would load as an empty state and be overwritten on resume: refused instead.
+            unknown = sorted(set(data) - set(STATE_KEYS))
+            if unknown or "trials" not in data:
+                what = f"unknown keys {unknown[:5]}" if unknown else "no 'trials'"
+                raise ValueError(f"version {version!r} but not its layout ({what}); left unchanged")
             trials_raw = data.get("trials") or {}
             rungs_raw = data.get("rungs") or []
             if not isinstance(trials_raw, dict) or not isinstance(rungs_raw, list):

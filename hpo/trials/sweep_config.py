@@ -30,7 +30,7 @@ from hpo.decisions.keep import make_rule
 from hpo.decisions.scheduler_contract import DEFAULT_RUNGS, check_rungs
 from predictors.equations import power_lines_tau
 from predictors.run_keys import METRIC_COLUMNS
-from trainers.config import TrainConfig, refuse_bool_number
+from trainers.config import TrainConfig, refuse_bool_number, run_controls
 
 #: MLflow's longest experiment name (its server refuses longer ones with an MlflowException).
 MAX_EXPERIMENT_NAME = 500
@@ -84,6 +84,10 @@ class Dimension(_Strict):
         values = self.grid if self.grid is not None else self.choice
         if values is not None and len(values) == 0:
             raise ValueError(f"{given[0]} must list at least one value")
+        repeated = sorted({v for v in (values or []) if (values or []).count(v) > 1})
+        if repeated:  # the same trial trained twice, or a choice weighted without a word
+            raise ValueError(f"{given[0]} lists {', '.join(f'{v:g}' for v in repeated)} more than once; "
+                             "give each value once (num_samples repeats a whole grid)")
         if self.loguniform is not None:
             low, high = self.loguniform
             if not (0 < low < high) or not math.isfinite(high):
@@ -213,12 +217,22 @@ class SearchSettings(_Strict):
 class Resources(_Strict):
     cpu: float = 1.0
     gpu: float = 0.0
+    #: Memory of one trial (MB), reserved for it in Ray; every trial's estimated peak must fit.
+    #: Unset: a trial's share of this machine (its memory over the trials that run at once).
+    memory_mb: Optional[float] = None
 
     @field_validator("cpu", "gpu")
     @classmethod
     def _non_negative(cls, value: float) -> float:
         if value < 0:
             raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("memory_mb")
+    @classmethod
+    def _positive_memory(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and not value > 0:
+            raise ValueError("must be > 0 MB")
         return value
 
 
@@ -272,6 +286,9 @@ class Limits(_Strict):
 
     max_trials: int = Field(10_000, ge=1)
     max_tokens_per_param: float = Field(10_000.0, gt=0)
+    #: Fewest optimizer steps a trial may take: below it the rungs see a handful of points and
+    #: the curve is no curve (a TPP of 1e-6 trained one step and "completed").
+    min_steps: int = Field(50, ge=1)
 
 
 class SweepConfig(_Strict):
@@ -444,6 +461,12 @@ def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dic
             raise ConfigError(
                 format_validation_error(exc, f"{source}: trainer (trial {where})")
             ) from None
+        steps = run_controls(trial).total_steps
+        if steps < config.limits.min_steps:
+            where = ", ".join(f"{n}={v:g}" if isinstance(v, float) else f"{n}={v}" for n, v in overrides_i.items())
+            raise ConfigError(f"{source}: trainer.tokens_per_param: {trial.tokens_per_param:g} gives trial {where} "
+                              f"{steps:,} optimizer step(s) of {trial.batch_size:,} tokens, below limits.min_steps "
+                              f"{config.limits.min_steps} (train longer, or lower batch_size)")
         if trial.tokens_per_param > config.limits.max_tokens_per_param:
             raise ConfigError(f"{source}: trainer.tokens_per_param: {trial.tokens_per_param:g} is above "
                               f"limits.max_tokens_per_param {config.limits.max_tokens_per_param:g} "
