@@ -54,8 +54,9 @@ Choices (stated, and tested in tests/test_monitor.py):
   neither judged, averaged nor aligned on: the transient of the trailing-mean smoother and of
   the resumed optimizer is not a fault.
 
-The monitor sees a run's smoothed loss (the trainer's trailing mean, what the scheduler sees);
-it uses the paper's L̂ = 0 normalisation.
+The monitor sees a run's smoothed loss (the trainer's trailing mean, what the scheduler sees).
+Reference curves use the paper's L̂ = 0 normalisation; a predictor fitted with an irreducible
+loss L̂ is followed: its reducible part is aligned and r = L/(L̂ + L̂(T)·ℓ̂) − 1.
 """
 
 from __future__ import annotations
@@ -500,16 +501,22 @@ def monitor_curve(
     if t.size == 0 or t[-1] < hi:
         return MonitorResult(t, nan, nan, np.zeros(t.size, dtype=bool), math.nan, (lo, hi), "aligning", change=nan)
     in_window = (t >= lo) & (t <= hi) & ~grace
-    divisor = window_divisor(y, ell, in_window, (lo, hi), objective, "monitor",
+    # A predictor with an irreducible loss L̂ predicts L = L̂ + L̂(T)·ℓ̂: its ℓ̂ is the shape of the
+    # reducible part, so that part is aligned, and r is the loss over that prediction − 1 (on the
+    # public ladder, L̂ 2.75 of L ~3.1: aligning L itself on ℓ̂ left a 10% residual on clean runs).
+    floor = float(getattr(getattr(reference, "params", None), "irreducible_loss", 0.0) or 0.0)
+    if floor and float(y[in_window | (t > hi)].min()) <= floor:
+        raise ValueError(f"monitor: loss {float(y.min()):.4g} is at or below the predictor's irreducible loss {floor:.4g}")
+    divisor = window_divisor(y - floor, ell, in_window, (lo, hi), objective, "monitor",
                              "covered by the reference, outside restart graces")
-    r = y / (divisor * ell) - 1.0
+    r = y / (floor + divisor * ell) - 1.0
     judged = (t > hi) & ~grace
     d = residual_change(t, r, ~grace, hi, rule)
     center, scale = band.at(t)
     z = np.where(judged, (d - center) / scale, np.nan)
     grid, z_grid = _on_grid(t, d, judged, hi, band)
     first, since, s = ramp_glr(grid, z_grid, band, hi)
-    return MonitorResult(t, r, z, judged, divisor, (lo, hi), "alarm" if first is not None else "ok",
+    return MonitorResult(t, r, z, judged, floor + divisor, (lo, hi), "alarm" if first is not None else "ok",
                          first, since, "above" if first is not None else None, d, s)
 
 
@@ -710,36 +717,46 @@ def calibrate_reference_band(
 def scaled_band(shape: NoiseBand, changes: np.ndarray, *, grid: Sequence[float] = BAND_GRID,
                 source: str = "", contrasts: Optional[int] = None) -> NoiseBand:
     """``shape`` rescaled to the spread of the pair ``changes`` (on ``grid``) that a user's
-    reference runs give (:func:`pair_changes` on them): centre 0, σ(t̂) = ρ·σ_shape(t̂) with the
-    one factor ρ² = mean over pairs and judged grid points of (d/σ_shape)². One factor, not a σ
-    per t̂: two reference runs give one pair, too few for a spread at every point. The rule
-    and correlation are the shape's (where measured on ``grid``).
+    reference runs give (:func:`pair_changes` on them): centre 0, σ(t̂) = ρ·σ_shape(t̂) with one
+    factor ρ, not a σ per t̂ (two reference runs give one pair, too few for a spread at every
+    point). The rule and correlation are the shape's (where measured on ``grid``).
 
-    A spread of a few runs is itself uncertain: two reference runs give one pair, whose d is
-    one path correlated along t̂ — a handful of degrees of freedom — and a ρ measured on it is
-    half the true one about one time in five (at 0.1M, the measured bands alarmed on 7 of 75
-    clean runs against a stated 0.5%). So h is raised for the degrees of freedom ρ² has,
-    ν = ``contrasts`` × (tr R)²/tr(R²) (R: the shape's correlation over the judged points;
-    ``contrasts``: independent pairs, Σ(k − 1) over groups of k reference runs of one set of
-    controls, :func:`pair_contrasts`; default: the ordered pairs / 2), as
-    :func:`glr_threshold` with ``spread_dof``."""
+    ρ² is the scale of z = d/σ_shape measured the way the detector reads z, whitened with the
+    correlation it whitens with (R_λ, the shape's R shrunk): ρ² = Σ zᵀR_λ⁻¹z / Σ tr(R_λ⁻¹R) over
+    the pairs. The plain mean of z² would do as an average, but d is one path strongly correlated
+    along t̂, so it has ~2.5 degrees of freedom a pair (a pair that happens to sit close gives a
+    narrow band, and every run judged with it alarms: at 0.1M, 7 of 75 clean runs against a
+    stated 0.5%); whitened, ~11. What doubt is left raises h: the spread has ν = ``contrasts`` ×
+    tr(A)²/tr(A²) degrees of freedom (A = R_λ⁻¹R; ``contrasts``: independent pairs, Σ(k − 1)
+    over groups of k reference runs of one set of controls, :func:`pair_contrasts`; default the
+    ordered pairs / 2) and h is :func:`glr_threshold` with that ``spread_dof``, never below the
+    shape's own."""
     g = np.asarray(grid, dtype=float)
     if changes.ndim != 2 or changes.shape[1] != g.size or changes.shape[0] == 0:
         raise ValueError("monitor: scaled_band needs pair changes on the grid, one row per pair")
     _, sigma = shape.at(g)
-    judged = np.isfinite(changes)
-    rho = float(np.sqrt(np.mean((np.where(judged, changes, 0.0) / sigma)[judged] ** 2)))
+    finite = np.isfinite(changes)
+    points = finite.any(axis=0)
+    if not points.any():
+        raise ValueError("monitor: scaled_band needs pair changes past the alignment window")
     same_grid = len(shape.t_hat) == g.size and bool(np.allclose(shape.t_hat, g))
-    points = judged.any(axis=0)
-    correlation = (np.asarray(shape.correlation, dtype=float)[np.ix_(points, points)]
-                   if same_grid and shape.correlation is not None else ar1_correlation(g[points]))
-    per_path = float(np.trace(correlation) ** 2 / np.sum(correlation ** 2))
-    n_contrasts = max(1, int(contrasts) if contrasts is not None else changes.shape[0] // 2)
-    dof = n_contrasts * per_path
+    measured = (np.asarray(shape.correlation, dtype=float) if same_grid and shape.correlation is not None
+                else ar1_correlation(g))
+    whitening = shrunk(measured, shape.rule.shrinkage)
+    energy = trace = 0.0
+    for row, ok in zip(changes / sigma, finite):
+        if ok.any():
+            energy += float(row[ok] @ np.linalg.solve(whitening[np.ix_(ok, ok)], row[ok]))
+            trace += float(np.trace(np.linalg.solve(whitening[np.ix_(ok, ok)], measured[np.ix_(ok, ok)])))
+    rho = math.sqrt(energy / trace)
+    a = np.linalg.solve(whitening[np.ix_(points, points)], measured[np.ix_(points, points)])
+    per_path = float(np.trace(a) ** 2 / np.trace(a @ a))
+    dof = max(1, int(contrasts) if contrasts is not None else changes.shape[0] // 2) * per_path
     # Never below the shape's own h: a spread measured on the user's runs only ever adds doubt.
-    h = max(shape.rule.threshold, glr_threshold(shape.rule.false_alarm_rate, g[points], sigma[points], correlation,
-                                                float(shape.window[1]), shape.rule.shrinkage, spread_dof=dof))
+    h = max(shape.rule.threshold, glr_threshold(shape.rule.false_alarm_rate, g[points], sigma[points],
+                                                measured[np.ix_(points, points)], float(shape.window[1]),
+                                                shape.rule.shrinkage, spread_dof=dof))
     return NoiseBand(tuple(float(x) for x in g), tuple(0.0 for _ in g), tuple(float(x) for x in np.round(rho * sigma, 6)),
                      int(changes.shape[0]), shape.window, replace(shape.rule, h=h),
-                     f"{source}; h {h:.3g} for a spread with {dof:.1f} degrees of freedom",
+                     f"{source}; h {h:.3g} for a spread with {dof:.0f} degrees of freedom",
                      correlation=shape.correlation if same_grid else None)
