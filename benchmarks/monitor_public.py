@@ -74,7 +74,10 @@ def load_predictor(path: Optional[str], calibration: list[Any], out: Path) -> tu
     fitted = out / "predictor.json"
     if not fitted.exists():
         out.mkdir(parents=True, exist_ok=True)
-        fit_and_report(list(calibration), FitSettings(t_min=0.1, irreducible_loss=True), fitted, out / "calibration",
+        # The lead's public fit (t_min 0.1, L̂ fitted); the ranking and extrapolation errors change
+        # neither the parameters nor the band, and are left out (2 minutes instead of 7).
+        settings = FitSettings(t_min=0.1, irreducible_loss=True, ranking_error=False, extrapolation_error=False)
+        fit_and_report(list(calibration), settings, fitted, out / "calibration",
                        provenance={"calibration": "public-ladder", "metric": "val_loss"},
                        source="public lr-scheduling logs (33M-93M ladder)")
     return Predictor.load(fitted), f"fitted on the {len(calibration)} ladder runs (`{fitted}`)"
@@ -177,7 +180,7 @@ def _ratio(smallest: Optional[float], sigma: Optional[float]) -> str:
 def section(results: dict[str, Any], predictor_words: str, seconds: float) -> list[str]:
     rows, refs = results["runs"], results["reference"]
     lines = [HEADING, "",
-             f"`nice -n 10 python benchmarks/monitor_public.py` ({seconds:.0f} s). The public lr-scheduling logs "
+             f"`nice -n 10 python benchmarks/monitor_public.py` ({seconds:.0f} s after the fit, 2 min). The public lr-scheduling logs "
              "(`hpo/data/curves`, validation loss every 200 steps on ~0.8M tokens: the curve the monitor and the peer "
              f"rules see here). Predictor: {predictor_words}, on the {results['calibration_runs']} runs of the 33M–93M "
              f"ladder (N ≤ 7e7). Predictor-mode band: {results['band']}: measured on the ladder, held out by run; "
@@ -239,7 +242,7 @@ def section(results: dict[str, Any], predictor_words: str, seconds: float) -> li
               "judged in predictor mode. \"+1%\": the first logged point where the loss is 1% above its clean twin; "
               "earlier: (+1% step − alarm step)/steps. A run whose clean twin alarms first counts as not earlier.", "",
               "| fault (+% by the end) | runs | +1% at t̂ | alarmed | alarm t̂ (median) | earlier by (median) | "
-              f"≥ {EARLIER_TARGET:g} earlier | example: steps of training, alarm step / +1% step |",
+              f"≥ {EARLIER_TARGET:g} earlier | example (a run quiet when clean): steps, alarm step / +1% step |",
               "|---|---|---|---|---|---|---|---|"]
     for k, a in enumerate(FAULTS):
         cases = [r["faults"][k] for r in rows]
@@ -248,12 +251,24 @@ def section(results: dict[str, Any], predictor_words: str, seconds: float) -> li
                 and (c["clean_alarm"] is None or c["clean_alarm"] > c["alarm"])]
         early = [c["rise"] - c["alarm"] if c["rise"] is not None else 1.0 - c["alarm"] for c in good]
         earlier = [e for e in early if e >= EARLIER_TARGET - 1e-9]
-        ex = max(cases, key=lambda c: c["steps"])
+        quiet = [c for c in cases if c["clean_alarm"] is None and c["alarm"] is not None] or cases
+        ex = max(quiet, key=lambda c: (c["steps"], c["alarm"] is not None))
         example = ("–" if ex["alarm"] is None else f"{ex['steps']:.0f}: {ex['alarm'] * ex['steps']:.0f} / "
                    + ("–" if ex["rise"] is None else f"{ex['rise'] * ex['steps']:.0f}"))
         lines.append(f"| {a:g}% | {len(cases)} | {np.median(rise):.2f} | {len(good)}/{len(cases)} | "
                      f"{np.median([c['alarm'] for c in good]) if good else math.nan:.2f} | "
                      f"{np.median(early) if early else math.nan:.2f} | {len(earlier)}/{len(cases)} | {example} |")
+    everyone = summary["all 124M runs"]
+    lines += ["", "**Targets** (missed ones stated as missed): clean 124M runs, predictor mode: "
+              f"{everyone['false_alarms']}/{everyone['runs']} false alarms (target ≤ 1 in 50: "
+              f"{'met' if everyone['false_alarms'] / everyone['runs'] <= 0.02 else 'missed'}); re-run pairs, reference "
+              "mode: see the table (target 0); a drift of 3 σ_d: see \"share caught at 3×σ_d\" (target ≥ 90%); the "
+              f"slow fault flagged ≥ {EARLIER_TARGET:g} of training before the loss is +1%: the \"≥ {EARLIER_TARGET:g} "
+              "earlier\" column (most runs with a fault under +2% by the end are never flagged: missed as a rule). "
+              "3.2M reference mode (the issue's runs, not here): the measured band's h is now raised for the "
+              "degrees of freedom of the reference runs' spread (`predictors.monitor.scaled_band`); on the 0.1M "
+              "banks (3 seeds: one pair of references a run) it took the measured-band cells from 7/75, 1/48, 1/42 "
+              "false alarms to the reference-mode table above."]
     return lines
 
 
