@@ -121,9 +121,8 @@ def test_a_sweep_starts_with_one_line_on_its_predictor_and_warns_far_beyond_it(t
     raw["trainer"].pop("eval_every", None)  # deciding on val_loss evaluates at every report
     path.write_text(yaml.safe_dump(raw))
     assert load_sweep_config(str(path)).predictor_path().name == "public_lm.json"
+    # Deciding on the training loss, 71x beyond the CPU predictor (the only one fitted on it): still
+    # the public one, which the sweep's metric check refuses in one line naming the fix.
     raw["scheduler"]["metric"] = "loss"
     path.write_text(yaml.safe_dump(raw))
-    on_loss = load_sweep_config(str(path))
-    assert on_loss.predictor_path().name == "default.json"
-    warning = predictor_line(on_loss, Predictor.load(on_loss.predictor_path())).splitlines()[1]
-    assert "the packaged public_lm.json is fitted nearer this N on val_loss: set scheduler.metric: val_loss" in warning
+    assert load_sweep_config(str(path)).predictor_path().name == "public_lm.json"

@@ -63,16 +63,22 @@ def packaged_predictors() -> dict[str, tuple[float, float, str]]:
 
 def default_predictor_path(n_params: Optional[float] = None, metric: Optional[str] = None) -> Path:
     """The packaged predictor the product uses for a run of ``n_params`` non-embedding parameters
-    deciding on ``metric`` (``loss`` or ``val_loss``; None: any): among those fitted on that metric,
-    the one whose fitted sizes lie nearest N in log (inside a predictor's range is distance 0).
+    deciding on ``metric`` (``loss`` or ``val_loss``; None: any): the one whose fitted sizes lie
+    nearest N in log (inside a predictor's range is distance 0); where that one is fitted on another
+    metric, the nearest fitted on ``metric`` if N is within ``OFF_SCALE_SIZE_RATIO`` (30×) of its
+    sizes, else still the nearest (whose metric the sweep's check then names, with the fix).
     Without N, the CPU default (``predictors/default.json``, the quickstart's scale).
 
     Example:
         >>> default_predictor_path().name, default_predictor_path(1e5).name, default_predictor_path(85e6).name
         ('default.json', 'default.json', 'public_lm.json')
-        >>> default_predictor_path(85e6, metric="loss").name  # the public one is fitted on val_loss
+        >>> default_predictor_path(25e6, metric="loss").name  # 21x the CPU one's sizes, fitted on loss
+        'default.json'
+        >>> default_predictor_path(1e5, metric="val_loss").name  # 140x below the public one's: not it
         'default.json'
     """
+    from predictors.predictor import OFF_SCALE_SIZE_RATIO
+
     if n_params is None or not (math.isfinite(float(n_params)) and float(n_params) > 0):
         return resource_path(DEFAULT_PREDICTOR)
     n = math.log(float(n_params))
@@ -81,10 +87,14 @@ def default_predictor_path(n_params: Optional[float] = None, metric: Optional[st
         low, high = math.log(span[0]), math.log(span[1])
         return max(low - n, n - high, 0.0)
 
-    spans = {k: v for k, v in packaged_predictors().items() if metric is None or v[2] == metric}
-    if not spans:
-        return resource_path(DEFAULT_PREDICTOR)
-    return resource_path(min(spans, key=lambda relative: (distance(spans[relative]), relative)))
+    spans = packaged_predictors()
+    nearest = min(spans, key=lambda relative: (distance(spans[relative]), relative))
+    same = [k for k in spans if metric is None or spans[k][2] == metric]
+    if metric is not None and spans[nearest][2] != metric and same:
+        best = min(same, key=lambda relative: (distance(spans[relative]), relative))
+        if distance(spans[best]) < math.log(OFF_SCALE_SIZE_RATIO):
+            return resource_path(best)
+    return resource_path(nearest)
 
 
 #: The public 124M bench and its ladder as a curve file (``curves/README.md``: source, licence).

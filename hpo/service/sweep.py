@@ -154,15 +154,6 @@ def predictor_line(config: SweepConfig, predictor: Any) -> str:
     fitted = f"fitted at N = {min(sizes):.3g}–{max(sizes):.3g}" if sizes else "fitted sizes not recorded"
     line = f"predictor: {which} ({fitted}); this sweep's N = {n:.3g}" if n else f"predictor: {which} ({fitted})"
     note = predictor.off_scale_note(n)
-    if note and not config.predictor:
-        from hpo.data import default_predictor_path
-        from predictors import Predictor
-
-        other = default_predictor_path(n)
-        if other.name != config.predictor_path().name:  # nearer N, fitted on another metric
-            metric = Predictor.load(other).metric
-            note += (f"; the packaged {other.name} is fitted nearer this N on {metric}: set "
-                     f"scheduler.metric: {metric} to use it")
     return line + (f"\nwarning: {note}" if note else "")
 
 
