@@ -1,6 +1,6 @@
 """The collapse-residual monitor at real scale: public 124M runs -> a section of benchmarks/monitor.md.
 
-    nice -n 10 python benchmarks/monitor_public.py [--predictor FILE] [--out DIR]
+    nice -n 10 python benchmarks/monitor_public.py [--predictor FILE]
 
 The public lr-scheduling logs (``hpo.calibration.log_import``; the packaged copy
 ``hpo/data/curves/public_lr_scheduling.parquet``), split as ``benchmarks/public_sweeps.py`` splits them:
@@ -21,8 +21,8 @@ The public lr-scheduling logs (``hpo.calibration.log_import``; the packaged copy
   into every clean 124M run; the step the monitor alarms at against the step where the loss is
   first 1% above its clean twin.
 
-``--predictor FILE``: a predictor fitted on the ladder already (``hpo/data/predictors/public_lm.json``
-where shipped); else it is fitted into ``--out`` (a few minutes) and reused from there.
+Predictor: the packaged ``hpo/data/predictors/public_lm.json`` (``benchmarks/public_sweeps.py`` fits it on the
+ladder, its monitor band included); ``--predictor FILE`` judges with another.
 """
 
 from __future__ import annotations
@@ -59,28 +59,22 @@ REFERENCE_RERUNS = "reference mode, band of the other re-run pairs"
 
 
 def packaged_curves() -> Path:
-    from hpo.data import resource_path
+    from hpo.data import public_curves_path
 
-    return resource_path("curves/public_lr_scheduling.parquet")
+    return public_curves_path()
 
 
-def load_predictor(path: Optional[str], calibration: list[Any], out: Path) -> tuple[Any, str]:
-    """The ladder predictor: ``path``, else the one fitted into ``out`` before, else fitted now."""
-    from hpo.calibration.fit import FitSettings, fit_and_report
+def load_predictor(path: Optional[str], calibration: list[Any]) -> tuple[Any, str]:
+    """The ladder predictor: ``path``, else the packaged one fitted on the ladder
+    (``hpo/data/predictors/public_lm.json``, written by ``benchmarks/public_sweeps.py``: t_min 0.1,
+    L̂ fitted, with its monitor band measured held out)."""
+    from hpo.data import default_predictor_path
     from predictors import Predictor
 
     if path:
         return Predictor.load(path), f"`{path}`"
-    fitted = out / "predictor.json"
-    if not fitted.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        # The lead's public fit (t_min 0.1, L̂ fitted); the ranking and extrapolation errors change
-        # neither the parameters nor the band, and are left out (2 minutes instead of 7).
-        settings = FitSettings(t_min=0.1, irreducible_loss=True, ranking_error=False, extrapolation_error=False)
-        fit_and_report(list(calibration), settings, fitted, out / "calibration",
-                       provenance={"calibration": "public-ladder", "metric": "val_loss"},
-                       source="public lr-scheduling logs (33M-93M ladder)")
-    return Predictor.load(fitted), f"fitted on the {len(calibration)} ladder runs (`{fitted}`)"
+    packaged = default_predictor_path(85e6, "val_loss")
+    return Predictor.load(packaged), f"the packaged `hpo/data/predictors/{packaged.name}` (fitted on the ladder's {len(calibration)} runs)"
 
 
 def _judge(curve: Any, loss: np.ndarray, reference: Any, band: Any) -> Any:
@@ -180,7 +174,7 @@ def _ratio(smallest: Optional[float], sigma: Optional[float]) -> str:
 def section(results: dict[str, Any], predictor_words: str, seconds: float) -> list[str]:
     rows, refs = results["runs"], results["reference"]
     lines = [HEADING, "",
-             f"`nice -n 10 python benchmarks/monitor_public.py` ({seconds:.0f} s after the fit, 2 min). The public lr-scheduling logs "
+             f"`nice -n 10 python benchmarks/monitor_public.py` ({seconds:.0f} s). The public lr-scheduling logs "
              "(`hpo/data/curves`, validation loss every 200 steps on ~0.8M tokens: the curve the monitor and the peer "
              f"rules see here). Predictor: {predictor_words}, on the {results['calibration_runs']} runs of the 33M–93M "
              f"ladder (N ≤ 7e7). Predictor-mode band: {results['band']}: measured on the ladder, held out by run; "
@@ -305,14 +299,13 @@ def main() -> None:
     from hpo.calibration.log_import import load_curve_bench
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--predictor", help="a predictor fitted on the 33M-93M ladder (else fitted into --out)")
-    parser.add_argument("--out", default="benchmark-results/monitor_public", help="where a fitted predictor is kept")
+    parser.add_argument("--predictor", help="a predictor fitted on the 33M-93M ladder (default: the packaged one)")
     args = parser.parse_args()
     started = time.time()
     warnings.simplefilter("ignore")
     logs = load_curve_bench(packaged_curves())
     calibration, _, _ = split(logs, CALIBRATE_MAX_PARAMS)
-    predictor, words = load_predictor(args.predictor, calibration, Path(args.out))
+    predictor, words = load_predictor(args.predictor, calibration)
     results = measure(predictor, logs)
     lines = section(results, words, time.time() - started)
     write_section(lines)
