@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpo.decisions.scheduler import CollapseScheduler  # noqa: E402
+from hpo.decisions.scheduler_contract import SchedulerSettings  # noqa: E402
 from hpo.trials.simulator import SimulatedSweep  # noqa: E402
 from hpo.common.tables import markdown_table  # noqa: E402
 from hpo.data import default_predictor_path  # noqa: E402
@@ -63,8 +64,9 @@ def curves(n: int, predictor: Predictor, seed: int = 0) -> dict[str, list[dict]]
 
 def measure(n: int, predictor: Predictor, decision_mode: str = "sync") -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        scheduler = CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=RUNGS,
-                                      decision_mode=decision_mode, state_path=Path(tmp) / "scheduler_state.json")
+        settings = SchedulerSettings(rungs=list(RUNGS), mode=decision_mode)
+        scheduler = CollapseScheduler(predictor=predictor, settings=settings,
+                                      state_path=Path(tmp) / "scheduler_state.json")
         between: list[float] = []
         rounds = [0.0] * len(RUNGS)
         plain = scheduler.on_trial_result
