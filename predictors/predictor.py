@@ -51,8 +51,9 @@ SMOOTHING_SUBSAMPLES = 16
 # which is cheaper below it (a batch's fixed cost is ~0.5 ms, one memoised run's ~0.05–0.2 ms).
 BATCH_FROM = 8
 NO_CALIBRATED_ERROR = "calibrated error not computed (calibrated_error=False)"
-# Entries per memo of predict_final's pieces (``Predictor._memo_table``).
-MEMO_SIZE = 4096
+# Entries per memo of predict_final's pieces (``Predictor._memo_table``): a 10,000-trial sweep's
+# controls fit (at 4,096 each rung's predictions found their memos cleared by the one before).
+MEMO_SIZE = 1 << 15
 # A run is at the calibrated scale when its TPP (and N, when known) lies within this relative
 # distance of a TPP (N) the predictor was calibrated on.
 SCALE_TOLERANCE = 0.1
@@ -153,7 +154,7 @@ class Predictor:
         # and the calibrated error by (stop fraction, controls). Each is a pure function of its
         # key and this (frozen) predictor, so a hit returns the number a miss would compute.
         object.__setattr__(self, "_memo", {"schedule": {}, "ell": {}, "error": {}, "position": {},
-                                           "reference": {}, "source": {}, "axis_fit": {}})
+                                           "reference": {}, "source": {}, "axis_fit": {}, "situation": {}})
 
     # ------------------------------------------------------------------ curves
     def normalized_curve(self, t_hat: Any, controls: Controls) -> np.ndarray:
@@ -332,14 +333,19 @@ class Predictor:
         table = self.decision_error
         assert table is not None
         in_scale = table.at(s)
-        positions = self.positions([controls], axes=[a for a, _ in DECISION_AXES])
+        # Where the run lies does not depend on s: found once per controls, not once per rung.
+        memo = self._memo_table("situation")
+        situation = memo.get(controls)
+        if situation is None:
+            situation = memo[controls] = (self.positions([controls], axes=[a for a, _ in DECISION_AXES]),
+                                          self._directions(controls), self.scale_check(controls))
+        positions, directions, (at_reference, why) = situation
         if not positions:
             return in_scale, table.source + (f" ({note})" if note else "")
         value, words, unmeasured = (off_scale_error(table.groups, table.stop_fractions, s, in_scale, positions,
-                                                    self._directions(controls), fits=self._memo_table("axis_fit"))
+                                                    directions, fits=self._memo_table("axis_fit"))
                                     if table.groups else (None, [], positions))
         cross = table.cross_scale_at(s)
-        at_reference, why = self.scale_check(controls)
         if at_reference or all(p.axis == "tau" for p in unmeasured):
             why = ", ".join(p.words() for p in unmeasured)
         if unmeasured and cross is not None and cross > in_scale:

@@ -174,7 +174,7 @@ class RungJudge:
             rec = trials[e.trial_id]
             keep = e.trial_id in kept
             e.decision = self.verdict(r, keep, rec)
-            reason = decision.reason(e.trial_id)
+            reason = decision.reason(e.trial_id, derivation=False)  # the rung's margin_source has it
             if e.predicted_final_loss is None:
                 reason = f"{e.reason}; kept" if e.reason else reason
             e.reason = reason + ("; already completed" if e.decision == RungDecision.COMPLETED else "")
