@@ -197,7 +197,7 @@ class Position:
             return None
         if any(abs(value / r - 1.0) <= SCALE_TOLERANCE for r in refs):
             return None
-        distance = min(abs(math.log(value / r)) for r in refs)
+        distance = min(abs(float(np.log(value / r))) for r in refs)  # np.log: math.log differs in the last bit
         inside = min(refs) < value < max(refs)
         return cls(axis, inside, float(distance), None if inside else "above" if value > max(refs) else "below")
 
