@@ -1,5 +1,6 @@
-"""The report contract of :class:`hpo.decisions.scheduler.CollapseScheduler` (``docs/design.md``): what
-a trial's results must carry, checked as each one is read.
+"""What :class:`hpo.decisions.scheduler.CollapseScheduler` is given: its settings
+(:class:`SchedulerSettings`, checked once), and the report contract (``docs/design.md``): what a
+trial's results must carry, checked as each one is read.
 
 Every result carries the metric and the training fraction t̂ ∈ [0, 1] (``time_attr``); the
 controls τ and TPP (and the schedule, else its default, said once) come from the results or
@@ -90,7 +91,8 @@ class ReportReader:
         """Sync mode saw a trial begin again below the first rung after a pause."""
         self.warn_once("restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: its trainable "
                        "does not restore checkpoints, so sync mode trains it twice up to each rung (use a class "
-                       "trainable with save/load_checkpoint, tune.get_checkpoint(), or decision_mode='async')",
+                       "trainable with save/load_checkpoint, tune.get_checkpoint(), or mode async: scheduler.mode, "
+                       "SchedulerSettings(mode='async'))",
                        trial_id, t)
 
     def read(self, rec: TrialRecord, result: Mapping[str, Any], metric: Optional[str]) -> Reading:

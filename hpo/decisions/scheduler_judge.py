@@ -132,9 +132,10 @@ class RungJudge:
             # The points up to the rung's (t̂ increases along a history): a bisection, not a walk.
             history = tuple(points[:bisect.bisect_right(points, e.train_fraction + 1e-12, key=lambda p: p[0])])
             out.append(TrialEvidence(e.candidate(), prior, e.residual, history))
-        return gather(self.predictor, self.settings.rungs[r], out, [rec.sweep_values for rec in recs],
+        st = self.settings
+        return gather(self.predictor, st.rungs[r], out, [rec.sweep_values for rec in recs],
                       [rec.controls for rec in recs if rec.controls is not None], last=self.is_last(r),
-                      reduction_factor=self.settings.reduction_factor, margin=self.settings.margin, tolerance=self.settings.tolerance)
+                      reduction_factor=st.reduction_factor, margin=st.margin, tolerance=st.tolerance)
 
     def judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord,
                       trials: Mapping[str, TrialRecord], now: str, compute: float,
