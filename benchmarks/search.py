@@ -244,9 +244,7 @@ def methods(predictor: Any, grid: Grid) -> dict[str, Callable[[int], tuple[Any, 
     default = SchedulerSettings()
 
     def collapse() -> Any:
-        return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(default.rungs),
-                                 reduction_factor=default.reduction_factor, margin=default.margin,
-                                 decision_mode="async", rule=default.rule)
+        return CollapseScheduler(predictor=predictor, settings=default.model_copy(update={"mode": "async"}))
 
     def asha() -> Any:
         return ASHAScheduler(metric="loss", mode="min", time_attr="train_fraction", max_t=1.0,

@@ -128,21 +128,9 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
     ``on_decision`` gets every rung decision the moment it is made (printed and published on MLflow)."""
     from hpo.decisions.scheduler import CollapseScheduler
 
-    return CollapseScheduler(
-        predictor=predictor,
-        metric=config.scheduler.metric,
-        mode="min",
-        rungs=tuple(config.scheduler.rungs),
-        reduction_factor=config.scheduler.reduction_factor,
-        margin=config.scheduler.margin,
-        tolerance=config.scheduler.tolerance,
-        decision_mode=config.scheduler.mode,
-        rule=config.scheduler.rule,
-        state_path=output / STATE_FILE,
-        on_early_answer=early_answer,
-        on_decision=on_decision,
-        resume=resume and (output / STATE_FILE).exists(),
-    )
+    return CollapseScheduler(predictor=predictor, settings=config.scheduler, state_path=output / STATE_FILE,
+                             on_early_answer=early_answer, on_decision=on_decision,
+                             resume=resume and (output / STATE_FILE).exists())
 
 
 def predictor_line(config: SweepConfig, predictor: Any) -> str:

@@ -26,10 +26,9 @@ from hpo.common.overrides import (
     format_validation_error,
     read_yaml,
 )
-from hpo.decisions.keep import make_rule
-from hpo.decisions.scheduler_contract import DEFAULT_RUNGS, check_rungs
+# The scheduler's settings live with the scheduler (one check of them); the sweep config holds them.
+from hpo.decisions.scheduler_contract import SchedulerSettings
 from predictors.equations import power_lines_tau
-from predictors.run_keys import METRIC_COLUMNS
 from trainers.config import TrainConfig, refuse_bool_number, run_controls
 
 #: MLflow's longest experiment name (its server refuses longer ones with an MlflowException).
@@ -97,95 +96,6 @@ class Dimension(_Strict):
     def extremes(self) -> list[float]:
         """The values to validate against the trainer config before anything runs."""
         return list(self.grid or self.choice or self.loguniform or [])
-
-
-class SchedulerSettings(_Strict):
-    """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
-
-    mode: Literal["sync", "async", "audit"] = "sync"
-    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # scheduler_contract says why
-    reduction_factor: float = 2.0
-    # "calibrated" (default): the rule's own margin (collapse: rule.margin_z times the σ of the
-    # order calibration measured for this kind of sweep, at the rung); a number: a fixed margin
-    # in log units (0.02 ≈ 2%) on the predicted finals at every rung.
-    margin: Union[str, float] = "calibrated"
-    # How close two final losses must be to count as the same result, in loss units (None:
-    # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
-    # the top ceil(n/rf) only if it could still end better than the best by more than this.
-    tolerance: Optional[float] = Field(None, ge=0)
-    # The loss the scheduler aligns and ranks on (predictors.run_keys.METRIC_COLUMNS): "loss",
-    # the smoothed training loss; "val_loss", the loss on the trainer's fixed held-out windows,
-    # evaluated at every report (trainer.eval_every defaults to log_every then). The predictor
-    # must have been fitted on the same metric (hpo calibrate's metric).
-    metric: Literal["loss", "val_loss"] = "loss"
-    # The keep rule and its knobs (hpo.decisions.keep): a name, or {name: collapse, margin_z: 0.5};
-    # "collapse" (default), or a baseline to compare against on the same sweep: "asha",
-    # "current-best", "top-k" ({name: top-k, k: 2}), "paired-test" (experimental). Stored as
-    # the rule's full settings (KeepRule.settings: every knob, defaults included).
-    rule: dict[str, Any] = Field(default_factory=lambda: make_rule("collapse").settings())
-    # Rank by the predicted finals even 30x or more beyond the predictor's calibrated model sizes
-    # (predictors.predictor.OFF_SCALE_SIZE_RATIO); by default such a sweep ranks by its losses.
-    trust_off_scale: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _margin_z_goes_with_the_rule(cls, data: Any) -> Any:
-        # scheduler.margin_z (configs written before the rule took its knobs): the collapse
-        # rule's knob, moved where it lives.
-        if isinstance(data, dict) and "margin_z" in data:
-            data = dict(data)
-            z = data.pop("margin_z")
-            rule = data.get("rule", "collapse")
-            rule = {"name": rule} if isinstance(rule, str) else dict(rule)
-            if rule.get("name", "collapse") != "collapse":
-                raise ValueError(f"margin_z is the collapse rule's knob, not {rule.get('name')!r}'s")
-            data["rule"] = {"name": "collapse", **rule, "margin_z": z}
-        return data
-
-    @field_validator("rule", mode="before")
-    @classmethod
-    def _rule(cls, value: Any) -> Any:
-        # The rule's constructor is the one check of its knobs.
-        if not isinstance(value, (str, dict)):
-            raise ValueError(f"give a rule name or {{name: ..., knob: ...}}, got {value!r}")
-        try:
-            return make_rule(value).settings()
-        except ValueError as exc:
-            raise ValueError(str(exc).removeprefix("scheduler.rule: ")) from None
-
-    @field_validator("rungs")
-    @classmethod
-    def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
-        # The scheduler's own check (one home): the message without its "rungs: " prefix,
-        # which the field name already gives.
-        try:
-            return check_rungs(rungs)
-        except ValueError as exc:
-            raise ValueError(str(exc).removeprefix("rungs: ")) from None
-
-    @field_validator("reduction_factor")
-    @classmethod
-    def _rf(cls, value: float) -> float:
-        if not value > 1.0:
-            raise ValueError("must be > 1")
-        return value
-
-    @field_validator("metric", mode="before")
-    @classmethod
-    def _metric(cls, value: Any) -> Any:
-        if value in METRIC_COLUMNS:
-            return value
-        raise ValueError(f"must be one of {', '.join(METRIC_COLUMNS)} (the smoothed training loss, the validation "
-                         f"loss), got {value!r}")
-
-    @field_validator("margin", mode="before")
-    @classmethod
-    def _margin(cls, value: Any) -> Any:
-        if value == "calibrated":
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-            return float(value)
-        raise ValueError(f"must be 'calibrated' or a finite number >= 0 (a log margin, 0.02 ≈ 2%), got {value!r}")
 
 
 class SearchSettings(_Strict):
