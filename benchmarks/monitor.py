@@ -22,7 +22,8 @@ rising linearly from t̂ 0.5) caught in ≥ 90% of the runs by t̂ 0.8, for the 
 rules (an alarm the clean copy raises by then too is not a catch). The drift is multiplied into the logged interval losses and the smoothed
 loss recomputed with the run's own trailing window; peer rules see the interval losses, the
 monitor the smoothed loss. An alarm before t̂ 0.5 is a false alarm, never a catch. Real trainer
-faults: the curves benchmarks/monitor_faults.py banked in benchmarks/monitor_faults.csv.
+faults: the curves benchmarks/monitor_faults.py banked in benchmarks/monitor_faults.csv. The section
+at real scale (public 124M runs) is benchmarks/monitor_public.py's; this script keeps it as it is.
 ``--cache FILE`` keeps the measurements, so the tables and figure can be redrawn in seconds.
 """
 
@@ -351,7 +352,9 @@ def tables(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
                      f"{'–' if lratio is None else f'{lratio:.1f}'} | " + " | ".join(peers) + " |")
     lines += ["", "## Reference mode: each run against the runs of its controls and another seed", "",
               "As `hpo monitor --reference` judges it: with the spread of the reference runs where ≥ 2 share the run's "
-              "controls (\"measured\"), else the stored reference-mode band. σ_d: of d against the reference.", "",
+              "controls (\"measured\": the stored band's shape scaled to their spread, its h raised for the degrees "
+              "of freedom that spread has, `predictors.monitor.scaled_band`), else the stored reference-mode band. "
+              "σ_d: of d against the reference.", "",
               "| cell | runs | band | false alarms | σ_d(0.8) | smallest drift | × σ_d |", "|---|---|---|---|---|---|---|"]
     for cell in cells:
         rs = [r for r in rows if r["cell"] == cell and r["references"] > 0]
@@ -450,6 +453,8 @@ def figure(summary: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
+    from monitor_public import kept_section  # the 124M section: benchmarks/monitor_public.py writes it
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", help="JSON of the measurements: read it if it exists (redraw), else write it")
     parser.add_argument("--max-runs", type=int, default=None,
@@ -483,7 +488,7 @@ def main() -> None:
              "bands, each measured against the shipped predictor on the clean runs of the other corpora: "
              + "; ".join(f"{c}: {words}" for c, words in results.get("loco_bands", {}).items()) + ".", "",
              "![share of runs caught against the drift in units of the clean spread](monitor.png)", "",
-             *body, *real_faults(predictor)]
+             *body, *real_faults(predictor), *kept_section(OUT)]
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

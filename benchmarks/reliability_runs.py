@@ -5,6 +5,7 @@ that neither report module imports the other).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -132,9 +133,12 @@ def uninterrupted(folder: Path, code: Code) -> dict[str, Any]:
 
 
 def kill_and_resume(folder: Path, code: Code, point: str,
-                    probe: Optional[Callable[[Path], bool]] = None, poll_s: float = 0.1) -> dict[str, Any]:
+                    probe: Optional[Callable[[Path], bool]] = None, poll_s: float = 0.1,
+                    sigterms: int = 0) -> dict[str, Any]:
     """Run the sweep, SIGKILL its process group at ``point`` (or once ``probe(output)`` is true,
-    polled every ``poll_s``), copy the folder, resume the copy."""
+    polled every ``poll_s``), copy the folder, resume the copy. ``sigterms`` > 0: send that many
+    SIGTERMs to the driver alone instead (1 s apart; what kill, timeout, Slurm or Kubernetes send
+    first) and let it end by itself (its exit status is in ``stop_rc``), SIGKILL only after 300 s."""
     config = _sweep_config(folder, code)
     output = folder / "out"
     if probe is None:
@@ -150,9 +154,17 @@ def kill_and_resume(folder: Path, code: Code, point: str,
             if time.perf_counter() - began > 1800:
                 raise RuntimeError(f"{point!r} not reached in 30 min")
             time.sleep(poll_s)
+        for k in range(sigterms):
+            if k:
+                time.sleep(1.0)
+            os.kill(driver.pid, signal.SIGTERM)
+        stop_rc = driver.wait(timeout=300) if sigterms else None
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)
+        if driver.poll() is None or not sigterms:
+            os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
+        with contextlib.suppress(ProcessLookupError):  # Ray's processes of a driver that ended itself
+            os.killpg(driver.pid, signal.SIGKILL)
     at_kill = _state(output)
     killed = {"decided": sum(r["decided"] for r in at_kill.get("rungs", [])),
               "t_max": max(((t.get("last_train_fraction") or 0) for t in at_kill.get("trials", {}).values()), default=0)}
@@ -164,6 +176,7 @@ def kill_and_resume(folder: Path, code: Code, point: str,
                          capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - began
     result = {"point": point, "killed": killed, "resume_rc": run.returncode, "resume_wall_s": wall,
+              "stop_rc": stop_rc if sigterms else None,
               "original_untouched": _digests(output) == original,
               "resume_tail": run.stderr.strip().splitlines()[-1:] if run.returncode else []}
     # Where the resumed sweep kept its records: the copy, or (older code) the original it wrote into.

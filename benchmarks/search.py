@@ -94,9 +94,9 @@ def _snap(value: Any, values: Sequence[Any]) -> Any:
 
 
 def load_grid(path: Path) -> Grid:
-    import pandas as pd
+    from hpo.trials.curve_bank import load_bank
 
-    frame = pd.read_parquet(path)
+    frame = load_bank(path)  # a bank written before a column existed reads its default
     frame = frame[frame["status"] == "completed"]
     finals = true_finals(frame)
     runs_frame = frame.drop_duplicates("run_id").set_index("run_id")
@@ -244,9 +244,7 @@ def methods(predictor: Any, grid: Grid) -> dict[str, Callable[[int], tuple[Any, 
     default = SchedulerSettings()
 
     def collapse() -> Any:
-        return CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(default.rungs),
-                                 reduction_factor=default.reduction_factor, margin=default.margin,
-                                 decision_mode="async", rule=default.rule)
+        return CollapseScheduler(predictor=predictor, settings=default.model_copy(update={"mode": "async"}))
 
     def asha() -> Any:
         return ASHAScheduler(metric="loss", mode="min", time_attr="train_fraction", max_t=1.0,

@@ -22,7 +22,7 @@ import ray
 from ray import tune
 
 from hpo.data import default_predictor_path
-from hpo.decisions.scheduler import CollapseScheduler
+from hpo.decisions.scheduler import CollapseScheduler, SchedulerSettings
 from predictors import Predictor
 
 STEPS, SEQ_LEN, VOCAB = 60, 32, 64
@@ -63,8 +63,8 @@ def main(state_dir: str | None = None) -> CollapseScheduler:
     """Run the sweep; the scheduler (its state holds every rung's decision)."""
     logging.getLogger("hpo.decisions.scheduler").setLevel(logging.ERROR)  # far-off-calibration warnings
     state_dir = state_dir or tempfile.mkdtemp()
-    scheduler = CollapseScheduler(predictor=Predictor.load(default_predictor_path()), rungs=(0.1, 0.2, 0.3),
-                                  reduction_factor=2, decision_mode="async",
+    scheduler = CollapseScheduler(predictor=Predictor.load(default_predictor_path()),
+                                  settings=SchedulerSettings(rungs=[0.1, 0.2, 0.3], reduction_factor=2, mode="async"),
                                   state_path=os.path.join(state_dir, "scheduler_state.json"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -20,7 +20,7 @@ import ray
 from ray import tune
 
 from hpo.data import default_predictor_path
-from hpo.decisions.scheduler import CollapseScheduler
+from hpo.decisions.scheduler import CollapseScheduler, SchedulerSettings
 from predictors import Predictor
 
 TOTAL_STEPS = 200
@@ -44,9 +44,7 @@ def my_trainable(config: dict) -> None:
 def main() -> None:
     scheduler = CollapseScheduler(
         predictor=Predictor.load(default_predictor_path()),  # the shipped predictor
-        rungs=(0.1, 0.2, 0.3),
-        reduction_factor=2,
-        decision_mode="async",
+        settings=SchedulerSettings(rungs=[0.1, 0.2, 0.3], reduction_factor=2, mode="async"),
         state_path=tempfile.mkdtemp() + "/scheduler_state.json",
     )
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

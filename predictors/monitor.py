@@ -54,8 +54,9 @@ Choices (stated, and tested in tests/test_monitor.py):
   neither judged, averaged nor aligned on: the transient of the trailing-mean smoother and of
   the resumed optimizer is not a fault.
 
-The monitor sees a run's smoothed loss (the trainer's trailing mean, what the scheduler sees);
-it uses the paper's L̂ = 0 normalisation.
+The monitor sees a run's smoothed loss (the trainer's trailing mean, what the scheduler sees).
+Reference curves use the paper's L̂ = 0 normalisation; a predictor fitted with an irreducible
+loss L̂ is followed: its reducible part is aligned and r = L/(L̂ + L̂(T)·ℓ̂) − 1.
 """
 
 from __future__ import annotations
@@ -124,20 +125,43 @@ def ramp_weights(grid: np.ndarray, scale: np.ndarray, correlation: np.ndarray, w
 
 
 def glr_threshold(false_alarm_rate: float, grid: np.ndarray, scale: np.ndarray, correlation: np.ndarray,
-                  window_end: float, shrinkage: float, *, paths: int = THRESHOLD_PATHS, seed: int = 0) -> float:
+                  window_end: float, shrinkage: float, *, paths: int = THRESHOLD_PATHS, seed: int = 0,
+                  spread_dof: Optional[float] = None) -> float:
     """The h at which the sequential ramp GLR (:func:`ramp_glr`, whitening with the ``shrinkage``
     of ``correlation``) alarms on a share ``false_alarm_rate`` of Gaussian z paths with the
     ``correlation`` itself across the judged ``grid`` points, by the end of training: the
-    (1 − rate) quantile of its maximum (deterministic ``seed``)."""
-    c = np.asarray(correlation, dtype=float)
+    (1 − rate) quantile of its maximum (deterministic ``seed``).
+
+    ``spread_dof``: σ was measured with this many degrees of freedom (a spread of a few
+    reference runs, :func:`scaled_band`), so z is divided by an estimate σ̂ with σ̂²/σ² ~ χ²_ν/ν:
+    the maximum is multiplied by √(ν/χ²_ν) drawn for each path (a Student-t-like widening;
+    None or inf: σ known)."""
+    top = _glr_maxima(tuple(float(x) for x in grid), tuple(float(x) for x in scale),
+                      tuple(tuple(float(x) for x in row) for row in np.asarray(correlation, dtype=float)),
+                      float(window_end), float(shrinkage), int(paths), int(seed))
+    if spread_dof is not None and math.isfinite(spread_dof):
+        if not spread_dof > 0:
+            raise ValueError(f"monitor: spread_dof must be > 0, got {spread_dof!r}")
+        chi2 = np.random.default_rng(seed + 1).chisquare(float(spread_dof), top.size)
+        top = top * np.sqrt(float(spread_dof) / chi2)
+    return float(np.round(np.quantile(top, 1.0 - false_alarm_rate), 4))
+
+
+@functools.lru_cache(maxsize=16)
+def _glr_maxima(grid: tuple[float, ...], scale: tuple[float, ...], correlation: tuple[tuple[float, ...], ...],
+                window_end: float, shrinkage: float, paths: int, seed: int) -> np.ndarray:
+    """The ramp GLR's maximum over each of ``paths`` Gaussian z paths (:func:`glr_threshold`);
+    cached: every run judged with one band shares it."""
+    g, sc, c = np.asarray(grid), np.asarray(scale), np.asarray(correlation)
     w, v = np.linalg.eigh((c + c.T) / 2.0)
-    z = np.random.default_rng(seed).standard_normal((int(paths), c.shape[0])) @ (v * np.sqrt(np.clip(w, 0.0, None))).T
+    z = np.random.default_rng(seed).standard_normal((paths, c.shape[0])) @ (v * np.sqrt(np.clip(w, 0.0, None))).T
     whitening = shrunk(c, shrinkage)
     top = np.full(z.shape[0], -np.inf)
-    for m in range(1, grid.size + 1):
-        weights = ramp_weights(grid[:m], scale[:m], whitening[:m, :m], window_end)
+    for m in range(1, g.size + 1):
+        weights = ramp_weights(g[:m], sc[:m], whitening[:m, :m], window_end)
         top = np.maximum(top, (z[:, :m] @ weights).max(axis=1))
-    return float(np.round(np.quantile(top, 1.0 - false_alarm_rate), 4))
+    top.setflags(write=False)
+    return top
 
 
 @dataclass(frozen=True)
@@ -477,16 +501,22 @@ def monitor_curve(
     if t.size == 0 or t[-1] < hi:
         return MonitorResult(t, nan, nan, np.zeros(t.size, dtype=bool), math.nan, (lo, hi), "aligning", change=nan)
     in_window = (t >= lo) & (t <= hi) & ~grace
-    divisor = window_divisor(y, ell, in_window, (lo, hi), objective, "monitor",
+    # A predictor with an irreducible loss L̂ predicts L = L̂ + L̂(T)·ℓ̂: its ℓ̂ is the shape of the
+    # reducible part, so that part is aligned, and r is the loss over that prediction − 1 (on the
+    # public ladder, L̂ 2.75 of L ~3.1: aligning L itself on ℓ̂ left a 10% residual on clean runs).
+    floor = float(getattr(getattr(reference, "params", None), "irreducible_loss", 0.0) or 0.0)
+    if floor and float(y[in_window | (t > hi)].min()) <= floor:
+        raise ValueError(f"monitor: loss {float(y.min()):.4g} is at or below the predictor's irreducible loss {floor:.4g}")
+    divisor = window_divisor(y - floor, ell, in_window, (lo, hi), objective, "monitor",
                              "covered by the reference, outside restart graces")
-    r = y / (divisor * ell) - 1.0
+    r = y / (floor + divisor * ell) - 1.0
     judged = (t > hi) & ~grace
     d = residual_change(t, r, ~grace, hi, rule)
     center, scale = band.at(t)
     z = np.where(judged, (d - center) / scale, np.nan)
     grid, z_grid = _on_grid(t, d, judged, hi, band)
     first, since, s = ramp_glr(grid, z_grid, band, hi)
-    return MonitorResult(t, r, z, judged, divisor, (lo, hi), "alarm" if first is not None else "ok",
+    return MonitorResult(t, r, z, judged, floor + divisor, (lo, hi), "alarm" if first is not None else "ok",
                          first, since, "above" if first is not None else None, d, s)
 
 
@@ -619,13 +649,14 @@ def same_controls(a: Any, b: Any) -> bool:
 
 def pair_changes(
     curves: Sequence[Any], *, rule: DetectorRule = DetectorRule(), window: Sequence[float] = MONITOR_WINDOW,
-    grid: Sequence[float] = BAND_GRID, objective: str = "log", max_partners: int = 3,
+    grid: Sequence[float] = BAND_GRID, objective: str = "log", max_partners: int = 3, same_seed: bool = False,
 ) -> np.ndarray:
     """d(t̂) on ``grid`` of each complete curve against each of up to ``max_partners`` other
     curves with the same controls (:func:`same_controls`), the same corpus (``meta["corpus_hash"]``
     where both carry one) and not the same seed (``meta["seed"]``; runs of one seed share their
     data order, so they would understate the spread): the variation a reference run of another
-    seed brings. Shape (ordered pairs, grid)."""
+    seed brings. ``same_seed``: re-runs of identical settings, seed included, pair too (their
+    spread is the nondeterminism alone: a reference that repeats the run). Shape (ordered pairs, grid)."""
     done = [c for c in curves if float(c.t_hat[-1]) >= 0.99]
 
     def differs(a: Any, b: Any, key: str) -> bool:
@@ -636,13 +667,39 @@ def pair_changes(
     for i, curve in enumerate(done):
         partners = [c for j, c in enumerate(done) if j != i and same_controls(curve, c)
                     and not differs(curve, c, "corpus_hash")
-                    and (curve.meta.get("seed") is None or c.meta.get("seed") is None or differs(curve, c, "seed"))]
+                    and (same_seed or curve.meta.get("seed") is None or c.meta.get("seed") is None
+                         or differs(curve, c, "seed"))]
         for partner in partners[:max_partners]:
             ref = (np.asarray(partner.t_hat, dtype=float), np.asarray(partner.loss, dtype=float) / float(partner.loss[-1]))
             rows.append(band_changes([curve], lambda _c, r=ref: r, rule=rule, window=window, grid=grid,
                                      objective=objective))
     g = np.asarray(grid)
     return np.concatenate(rows, axis=0) if rows else np.empty((0, g.size))
+
+
+def pair_contrasts(curves: Sequence[Any], *, same_seed: bool = False) -> int:
+    """Independent pairs among the complete ``curves`` (those :func:`pair_changes` pairs): Σ(k − 1)
+    over the groups of one set of controls and corpus, k its distinct seeds (a curve without a
+    seed counts as its own; with ``same_seed`` every curve does): the degrees of freedom, in
+    paths, of a spread measured on them."""
+    done = [c for c in curves if float(c.t_hat[-1]) >= 0.99]
+    groups: list[list[Any]] = []
+    for curve in done:
+        for group in groups:
+            head = group[0]
+            corpus = (curve.meta.get("corpus_hash"), head.meta.get("corpus_hash"))
+            if same_controls(curve, head) and (None in corpus or "" in corpus or str(corpus[0]) == str(corpus[1])):
+                group.append(curve)
+                break
+        else:
+            groups.append([curve])
+    total = 0
+    for group in groups:
+        seeds = [c.meta.get("seed") for c in group]
+        k = len(group) if same_seed else (len({str(x) for x in seeds if x not in (None, "")})
+                                          + sum(x in (None, "") for x in seeds))
+        total += max(k - 1, 0)
+    return total
 
 
 def calibrate_reference_band(
@@ -658,19 +715,48 @@ def calibrate_reference_band(
 
 
 def scaled_band(shape: NoiseBand, changes: np.ndarray, *, grid: Sequence[float] = BAND_GRID,
-                source: str = "") -> NoiseBand:
+                source: str = "", contrasts: Optional[int] = None) -> NoiseBand:
     """``shape`` rescaled to the spread of the pair ``changes`` (on ``grid``) that a user's
-    reference runs give (:func:`pair_changes` on them): centre 0, σ(t̂) = ρ·σ_shape(t̂) with the
-    one factor ρ² = mean over pairs and judged grid points of (d/σ_shape)². One factor, not a σ
-    per t̂: two reference runs give one pair, too few for a spread at every point. The rule
-    and correlation are the shape's (where measured on ``grid``)."""
+    reference runs give (:func:`pair_changes` on them): centre 0, σ(t̂) = ρ·σ_shape(t̂) with one
+    factor ρ, not a σ per t̂ (two reference runs give one pair, too few for a spread at every
+    point). The rule and correlation are the shape's (where measured on ``grid``).
+
+    ρ² is the scale of z = d/σ_shape measured the way the detector reads z, whitened with the
+    correlation it whitens with (R_λ, the shape's R shrunk): ρ² = Σ zᵀR_λ⁻¹z / Σ tr(R_λ⁻¹R) over
+    the pairs. The plain mean of z² would do as an average, but d is one path strongly correlated
+    along t̂, so it has ~2.5 degrees of freedom a pair (a pair that happens to sit close gives a
+    narrow band, and every run judged with it alarms: at 0.1M, 7 of 75 clean runs against a
+    stated 0.5%); whitened, ~11. What doubt is left raises h: the spread has ν = ``contrasts`` ×
+    tr(A)²/tr(A²) degrees of freedom (A = R_λ⁻¹R; ``contrasts``: independent pairs, Σ(k − 1)
+    over groups of k reference runs of one set of controls, :func:`pair_contrasts`; default the
+    ordered pairs / 2) and h is :func:`glr_threshold` with that ``spread_dof``, never below the
+    shape's own."""
     g = np.asarray(grid, dtype=float)
     if changes.ndim != 2 or changes.shape[1] != g.size or changes.shape[0] == 0:
         raise ValueError("monitor: scaled_band needs pair changes on the grid, one row per pair")
     _, sigma = shape.at(g)
-    judged = np.isfinite(changes)
-    rho = float(np.sqrt(np.mean((np.where(judged, changes, 0.0) / sigma)[judged] ** 2)))
+    finite = np.isfinite(changes)
+    points = finite.any(axis=0)
+    if not points.any():
+        raise ValueError("monitor: scaled_band needs pair changes past the alignment window")
     same_grid = len(shape.t_hat) == g.size and bool(np.allclose(shape.t_hat, g))
+    measured = (np.asarray(shape.correlation, dtype=float) if same_grid and shape.correlation is not None
+                else ar1_correlation(g))
+    whitening = shrunk(measured, shape.rule.shrinkage)
+    energy = trace = 0.0
+    for row, ok in zip(changes / sigma, finite):
+        if ok.any():
+            energy += float(row[ok] @ np.linalg.solve(whitening[np.ix_(ok, ok)], row[ok]))
+            trace += float(np.trace(np.linalg.solve(whitening[np.ix_(ok, ok)], measured[np.ix_(ok, ok)])))
+    rho = math.sqrt(energy / trace)
+    a = np.linalg.solve(whitening[np.ix_(points, points)], measured[np.ix_(points, points)])
+    per_path = float(np.trace(a) ** 2 / np.trace(a @ a))
+    dof = max(1, int(contrasts) if contrasts is not None else changes.shape[0] // 2) * per_path
+    # Never below the shape's own h: a spread measured on the user's runs only ever adds doubt.
+    h = max(shape.rule.threshold, glr_threshold(shape.rule.false_alarm_rate, g[points], sigma[points],
+                                                measured[np.ix_(points, points)], float(shape.window[1]),
+                                                shape.rule.shrinkage, spread_dof=dof))
     return NoiseBand(tuple(float(x) for x in g), tuple(0.0 for _ in g), tuple(float(x) for x in np.round(rho * sigma, 6)),
-                     int(changes.shape[0]), shape.window, shape.rule, source,
+                     int(changes.shape[0]), shape.window, replace(shape.rule, h=h),
+                     f"{source}; h {h:.3g} for a spread with {dof:.0f} degrees of freedom",
                      correlation=shape.correlation if same_grid else None)

@@ -51,8 +51,9 @@ SMOOTHING_SUBSAMPLES = 16
 # which is cheaper below it (a batch's fixed cost is ~0.5 ms, one memoised run's ~0.05–0.2 ms).
 BATCH_FROM = 8
 NO_CALIBRATED_ERROR = "calibrated error not computed (calibrated_error=False)"
-# Entries per memo of predict_final's pieces (``Predictor._memo_table``).
-MEMO_SIZE = 4096
+# Entries per memo of predict_final's pieces (``Predictor._memo_table``): a 10,000-trial sweep's
+# controls fit (at 4,096 each rung's predictions found their memos cleared by the one before).
+MEMO_SIZE = 1 << 15
 # A run is at the calibrated scale when its TPP (and N, when known) lies within this relative
 # distance of a TPP (N) the predictor was calibrated on.
 SCALE_TOLERANCE = 0.1
@@ -153,7 +154,7 @@ class Predictor:
         # and the calibrated error by (stop fraction, controls). Each is a pure function of its
         # key and this (frozen) predictor, so a hit returns the number a miss would compute.
         object.__setattr__(self, "_memo", {"schedule": {}, "ell": {}, "error": {}, "position": {},
-                                           "reference": {}, "source": {}, "axis_fit": {}})
+                                           "reference": {}, "source": {}, "axis_fit": {}, "situation": {}})
 
     # ------------------------------------------------------------------ curves
     def normalized_curve(self, t_hat: Any, controls: Controls) -> np.ndarray:
@@ -332,14 +333,19 @@ class Predictor:
         table = self.decision_error
         assert table is not None
         in_scale = table.at(s)
-        positions = self.positions([controls], axes=[a for a, _ in DECISION_AXES])
+        # Where the run lies does not depend on s: found once per controls, not once per rung.
+        memo = self._memo_table("situation")
+        situation = memo.get(controls)
+        if situation is None:
+            situation = memo[controls] = (self.positions([controls], axes=[a for a, _ in DECISION_AXES]),
+                                          self._directions(controls), self.scale_check(controls))
+        positions, directions, (at_reference, why) = situation
         if not positions:
             return in_scale, table.source + (f" ({note})" if note else "")
         value, words, unmeasured = (off_scale_error(table.groups, table.stop_fractions, s, in_scale, positions,
-                                                    self._directions(controls), fits=self._memo_table("axis_fit"))
+                                                    directions, fits=self._memo_table("axis_fit"))
                                     if table.groups else (None, [], positions))
         cross = table.cross_scale_at(s)
-        at_reference, why = self.scale_check(controls)
         if at_reference or all(p.axis == "tau" for p in unmeasured):
             why = ", ".join(p.words() for p in unmeasured)
         if unmeasured and cross is not None and cross > in_scale:
@@ -539,8 +545,7 @@ class Predictor:
         t, y = check_curve(t_hat, loss, min_points=settings.min_points, name="predict_final")
         if segment is None:
             end = float(t[-1])
-            start = max(settings.min_start, settings.start_ratio * end)
-            i0, i1 = segment_indices(t, end, start, settings.min_points)
+            i0, i1 = segment_indices(t, end, max(settings.min_start, settings.start_ratio * end), settings.min_points)
         else:
             start, end = check_segment(segment)
             i0 = int(np.searchsorted(t, start, side="left"))
@@ -551,36 +556,14 @@ class Predictor:
                     f"needs at least {settings.min_points}"
                 )
         ts, ys = t[i0:i1], y[i0:i1]
-        l0 = self.params.irreducible_loss
-        if l0 and float(ys.min()) <= l0:
-            raise ValueError(
-                f"predict_final: loss {float(ys.min()):.4g} is at or below the predictor's irreducible "
-                f"loss L̂ = {l0:.4g}; this predictor cannot describe the run"
-            )
-        if smoothing_window:
-            ell = self._smoothed_ell_hat(ts, float(t[0]), controls, smoothing_window)
-        else:
-            ell = self._grid_ell_hat(ts, controls)
-        reducible = equations.reducible_loss(ys, l0)
-        divisor = align_divisor(reducible, ell, settings.objective)
-        if not math.isfinite(divisor) or divisor <= 0:
-            raise ValueError("predict_final: alignment gave a non-finite divisor")
-        final = l0 + divisor
-        # The residual of the aligned reducible loss, expressed relative to the final loss.
-        residual = rms_relative_residual(reducible, ell, divisor) * divisor / final
-        stop = float(ts[-1])
-        calibrated, source = self.relative_error(stop, controls)
-        sigma = final * math.sqrt(residual * residual + calibrated * calibrated)
-        return Prediction(
-            final_loss=final,
-            uncertainty=sigma,
-            stop_fraction=stop,
-            segment_start=float(ts[0]),
-            n_points=int(ts.size),
-            residual=residual,
-            error_source=source,
-            curve_source=self.curve_source(controls) if self.size_method != "surrogate" else "surrogate",
-        )
+        # The batch of one (the one alignment path, :meth:`_align_segments`); ℓ̂ averaged over the
+        # trailing window when the losses are smoothed (validated before the L̂ check, as always).
+        ell = self._smoothed_ell_hat(ts, float(t[0]), controls, smoothing_window) if smoothing_window else None
+        out = self._align_segments(ts[None, :], ys[None, :], np.ones((1, ts.size), dtype=bool), [controls],
+                                   calibrated_error=True, ell=None if ell is None else ell[None, :])[0]
+        if isinstance(out, ValueError):
+            raise out
+        return out
 
     def predict_finals(
         self,
@@ -668,59 +651,81 @@ class Predictor:
                 bad[j] = False
         t2 = np.clip(t2, 0.0, 1.0)
         # The segment [max(min_start, start_ratio·s), s], at least min_points long (segment_indices).
-        last = k - 1
-        end = t2[np.arange(len(rows)), last]
+        end = t2[np.arange(len(rows)), k - 1]
         start = np.maximum(settings.min_start, settings.start_ratio * end)
         i0 = np.minimum(np.sum(valid & (t2 < start[:, None]), axis=1), k - settings.min_points)
         mask = valid & (col >= i0[:, None]) & ~bad[:, None]
+        for (i, _, _), pred in zip(rows, self._align_segments(t2, y2, mask, controls, calibrated_error)):
+            if out[i] is None:  # a row refused above keeps check_curve's words
+                out[i] = pred
+
+    def _align_segments(self, t2: np.ndarray, y2: np.ndarray, mask: np.ndarray, controls: list[Controls],
+                        calibrated_error: bool, ell: Optional[np.ndarray] = None) -> list[Union[Prediction, ValueError]]:
+        """The one alignment (paper §5 step 5) of every row's segment (``mask``: its points, in
+        t̂ order) with ℓ̂: the divisor under ``self.align.objective``, with an irreducible loss L̂
+        the reducible part L − L̂ aligned and L(T) = L̂ + divisor; the uncertainty (1σ, loss
+        units) L(T)·sqrt(residual² + e(s)²) from the RMS relative residual and the calibrated
+        relative error e(s) at the stop fraction s (:meth:`relative_error`; left out unless
+        ``calibrated_error``). A row with no points is ``None``; ``ell``: ℓ̂ given (smoothed)."""
+        answers: list[Any] = [None] * len(mask)
+        whole = bool(mask.all())  # every point of every row in its segment: no masking (a single run)
+        bad = ~mask.any(axis=1)
         l0 = self.params.irreducible_loss
         if l0:
-            low = np.min(np.where(mask, y2, np.inf), axis=1)
+            low = (y2 if whole else np.where(mask, y2, np.inf)).min(axis=1)
             for j in np.flatnonzero(~bad & (low <= l0)):
-                out[rows[j][0]] = ValueError(
+                answers[j] = ValueError(
                     f"predict_final: loss {float(low[j]):.4g} is at or below the predictor's irreducible "
                     f"loss L̂ = {l0:.4g}; this predictor cannot describe the run")
-                bad[j] = True
-                mask[j] = False
-        ell = self._ell_rows(t2, mask, i0, k, controls, bad)
-        reducible = np.where(mask, equations.reducible_loss(y2, l0), 1.0)
-        count = mask.sum(axis=1).clip(min=1)
-        divisor = self._align_rows(reducible, ell, mask, count, settings.objective)
+                bad[j], whole = True, False
+            mask = mask & ~bad[:, None]
+        if ell is None:
+            ell = self._ell_rows(t2, mask, controls, bad)
+        reducible = equations.reducible_loss(y2, l0)
+        if not whole:
+            reducible = np.where(mask, reducible, 1.0)
+        count = np.maximum(mask.sum(axis=1), 1)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            r = np.where(mask, reducible / divisor[:, None] - ell, 0.0)
-            rms = np.sqrt(np.sum(r * r, axis=1) / count)
-        for j, (i, _, _) in enumerate(rows):
-            if bad[j]:
-                continue
+            divisor = self._align_rows(reducible, ell, None if whole else mask, count, self.align.objective)
+            r = reducible / divisor[:, None] - ell
+            if not whole:
+                r = np.where(mask, r, 0.0)
+            rms = np.sqrt((r * r).sum(axis=1) / count)
+        first, last = mask.argmax(axis=1), mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)  # each segment's ends
+        for j in np.flatnonzero(~bad):
             d = float(divisor[j])
             if not math.isfinite(d) or d <= 0:
-                out[i] = ValueError("predict_final: alignment gave a non-finite divisor")
+                answers[j] = ValueError("predict_final: alignment gave a non-finite divisor")
                 continue
             final = l0 + d
+            # The residual of the aligned reducible loss, expressed relative to the final loss.
             residual = float(rms[j]) * d / final
-            stop, c = float(end[j]), controls[j]
+            stop, c = float(t2[j, last[j]]), controls[j]
             calibrated, source = self.relative_error(stop, c) if calibrated_error else (0.0, NO_CALIBRATED_ERROR)
-            out[i] = Prediction(
+            answers[j] = Prediction(
                 final_loss=final, uncertainty=final * math.sqrt(residual * residual + calibrated * calibrated),
-                stop_fraction=stop, segment_start=float(t2[j, i0[j]]), n_points=int(k[j] - i0[j]),
+                stop_fraction=stop, segment_start=float(t2[j, first[j]]), n_points=int(count[j]),
                 residual=residual, error_source=source,
                 curve_source=self._curve_source_of(c) if self.size_method != "surrogate" else "surrogate")
+        return answers
 
-    def _ell_rows(self, t2: np.ndarray, mask: np.ndarray, i0: np.ndarray, k: np.ndarray,
-                  controls: list[Controls], bad: np.ndarray) -> np.ndarray:
-        """ℓ̂ on each row's segment (1 elsewhere): the surrogate (with its size term) for all the
-        rows at once, by schedule; a row with a matching reference curve from it, row by row."""
+    def _ell_rows(self, t2: np.ndarray, mask: np.ndarray, controls: list[Controls], bad: np.ndarray) -> np.ndarray:
+        """ℓ̂ on each row's segment (1 elsewhere): below ``BATCH_FROM`` rows, and for a row with
+        a matching reference curve, row by row from the memo (:meth:`_grid_ell_hat`: calibration
+        predicts the same curves again and again); else the surrogate (with its size term) for
+        all the rows at once, by schedule."""
         ell = np.ones_like(t2)
         by_schedule: dict[Any, list[int]] = {}
+        one_by_one = len(controls) < BATCH_FROM
         for j, c in enumerate(controls):
             if bad[j]:
                 continue
+            if one_by_one or (self.references is not None and c.n_params is not None and self._has_reference(c)):
+                ell[j, mask[j]] = self._grid_ell_hat(np.ascontiguousarray(t2[j, mask[j]]), c)
+                continue
             if self.size_method != "surrogate":
                 self._check_size_reported(c)
-            if self.references is not None and c.n_params is not None and self._has_reference(c):
-                ell[j, i0[j]:k[j]] = self._grid_ell_hat(t2[j, i0[j]:k[j]], c)
-            else:
-                by_schedule.setdefault(c.schedule, []).append(j)
+            by_schedule.setdefault(c.schedule, []).append(j)
         p = self.params
         for schedule, js in by_schedule.items():
             idx = np.asarray(js)
@@ -733,17 +738,21 @@ class Predictor:
         return ell
 
     @staticmethod
-    def _align_rows(reducible: np.ndarray, ell: np.ndarray, mask: np.ndarray, count: np.ndarray,
+    def _align_rows(reducible: np.ndarray, ell: np.ndarray, mask: Optional[np.ndarray], count: np.ndarray,
                     objective: str) -> np.ndarray:
-        """``align_divisor`` of every row over its masked points."""
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            if objective == "log":
-                return np.exp(np.sum(np.where(mask, np.log(reducible) - np.log(ell), 0.0), axis=1) / count)
-            if objective == "l2":
-                return (np.sum(np.where(mask, reducible * reducible, 0.0), axis=1)
-                        / np.sum(np.where(mask, reducible * ell, 0.0), axis=1))
-        return np.array([align_divisor(reducible[j][mask[j]], ell[j][mask[j]], objective) if mask[j].any()
-                         else math.nan for j in range(len(mask))])
+        """``align_divisor`` of every row over its masked points (None: all of them)."""
+        if objective == "log":
+            logs = np.log(reducible) - np.log(ell)
+            return np.exp((logs if mask is None else np.where(mask, logs, 0.0)).sum(axis=1) / count)
+        if objective == "l2":
+            num, den = reducible * reducible, reducible * ell
+            if mask is not None:
+                num, den = np.where(mask, num, 0.0), np.where(mask, den, 0.0)
+            return num.sum(axis=1) / den.sum(axis=1)
+        rows = range(len(reducible))
+        keep = [np.ones(reducible.shape[1], dtype=bool)] * len(reducible) if mask is None else mask
+        return np.array([align_divisor(reducible[j][keep[j]], ell[j][keep[j]], objective) if keep[j].any()
+                         else math.nan for j in rows])
 
     def _has_reference(self, controls: Controls) -> bool:
         """Whether a reference curve covers ``controls`` (memoised: a sweep repeats its controls)."""

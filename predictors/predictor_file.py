@@ -65,6 +65,7 @@ def from_document(data: Any, source: str = "predictor") -> tuple[Any, ...]:
     except ValidationError as exc:
         raise ValueError(f"{source}: invalid predictor file: {_describe(exc)}") from None
     pr = doc.params
+    _check_calibrated_ranges(pr, source)
     try:
         params = SurrogateParams(pr.b_const, pr.b_exp, pr.q_const, pr.q_exp, pr.m, pr.eps1, pr.eps2,
                                  pr.irreducible_loss, pr.m_size_exp, pr.size_ref)
@@ -78,6 +79,22 @@ def from_document(data: Any, source: str = "predictor") -> tuple[Any, ...]:
                          if isinstance(exc, (KeyError, TypeError)) else
                          f"{source}: invalid predictor file: {exc}") from None
     return params, pr.m_fitted, align, de, dict(doc.provenance), re_, refs, band
+
+
+def _check_calibrated_ranges(params: Any, source: str) -> None:
+    """A fitted parameter outside the ranges calibration searches (``FitBounds``; a fit clips
+    to them) came from no calibration: refused, instead of predictions such as 0.25 ± 0.37 for
+    a trial ending at 2.19 (``m: 1e300``)."""
+    from predictors.fit_objective import FitBounds
+
+    bounds = FitBounds()
+    for name in ("b_const", "b_exp", "q_const", "q_exp", "m", "m_size_exp"):
+        low, high = getattr(bounds, name)
+        value = getattr(params, name)
+        # A little slack: values written at a bound and read back after rounding stay accepted.
+        if isinstance(value, (int, float)) and not (low - 1e-9 * abs(low) <= value <= high + 1e-9 * abs(high)):
+            raise ValueError(f"{source}: invalid predictor file: params.{name}: {value!r} is outside [{low:g}, {high:g}], "
+                             "the range calibration fits it in; recalibrate (hpo calibrate) or fix the file")
 
 
 def _monitor_band(section: dict[str, Any], source: str) -> Optional[NoiseBand]:

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -191,12 +192,12 @@ class Position:
     @classmethod
     def of(cls, value: float, calibrated: Any, axis: str) -> Optional["Position"]:
         """None when ``value`` is at a calibrated value (or nothing is calibrated on the axis)."""
-        refs = [float(c) for c in calibrated or [] if c is not None and np.isfinite(float(c)) and float(c) > 0]
-        if not refs or not (np.isfinite(value) and value > 0):
+        refs = [float(c) for c in calibrated or [] if c is not None and math.isfinite(float(c)) and float(c) > 0]
+        if not refs or not (math.isfinite(value) and value > 0):
             return None
         if any(abs(value / r - 1.0) <= SCALE_TOLERANCE for r in refs):
             return None
-        distance = min(abs(float(np.log(value / r))) for r in refs)
+        distance = min(abs(float(np.log(value / r))) for r in refs)  # np.log: math.log differs in the last bit
         inside = min(refs) < value < max(refs)
         return cls(axis, inside, float(distance), None if inside else "above" if value > max(refs) else "below")
 

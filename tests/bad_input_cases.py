@@ -8,6 +8,7 @@ subprocess, in a folder of its own that holds only the case's input files.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ SECRET = "s3cr3t-pw"
 def sweep_config(**changes: Any) -> dict[str, Any]:
     """A valid one-trial sweep into ./out, with ``changes`` merged in (dotted keys allowed)."""
     config: dict[str, Any] = {
-        "name": "bad-input", "output_dir": "out", "trainer": dict(TINY_TRAINER),
+        "name": "bad-input", "output_dir": "out", "trainer": copy.deepcopy(TINY_TRAINER),
         "search_space": {"lr": {"grid": [0.01]}}, "mlflow": {"experiment": "bad-input"},
     }
     for key, value in changes.items():
@@ -179,10 +180,34 @@ def _resumable_with_another_rule_knob(d: Path) -> None:
         d / "old" / "scheduler_state.json")
 
 
+def _resumable_with_foreign_state(d: Path) -> None:
+    """As :func:`_resumable_with_binary_state`, with a state file of another layout under version 2."""
+    _resumable_with_binary_state(d)
+    (d / "old" / "scheduler_state.json").write_text('{"version": 2, "checkpoints": [], "searcher": {}}')
+
+
+def _resumable_with_state(d: Path) -> None:
+    """As :func:`_resumable_with_binary_state`, with an empty (valid) scheduler state."""
+    _resumable_with_binary_state(d)
+    (d / "old" / "scheduler_state.json").write_text('{"version": 2, "trials": {}, "rungs": []}')
+
+
 def _duplicate_key_predictor(d: Path) -> None:
     text = (REPO / "hpo/data/predictors/default.json").read_text()
     (d / "p.json").write_text(text.replace('"schema_version": 4,', '"schema_version": 4,\n  "schema_version": 4,', 1))
     _yaml(sweep_config(predictor="p.json"))(d)
+
+
+def _predictor_param(name: str, value: float) -> Callable[[Path], None]:
+    """The shipped predictor with ``params.<name>`` set to ``value``, as the sweep's predictor."""
+    def make(d: Path) -> None:
+        import json
+
+        document = json.loads((REPO / "hpo/data/predictors/default.json").read_text())
+        document["params"][name] = value
+        (d / "p.json").write_text(json.dumps(document))
+        _yaml(sweep_config(predictor="p.json"))(d)
+    return make
 
 
 @dataclass(frozen=True)
@@ -368,6 +393,47 @@ CASES: list[Case] = [
     Case("val_loss_with_train_loss_predictor", "`scheduler.metric: val_loss` with the shipped (train-loss) predictor",
          ["sweep", "s.yaml"], _yaml(sweep_config(**{"scheduler.metric": "val_loss", "trainer.eval_every": 5})),
          ("predictor", "fitted on loss", "scheduler.metric is val_loss")),
+    # Round four: resources and values that make no sense, checked before Ray starts.
+    Case("batch_2e30_one_step", "`search_space: {batch_size: {grid: [1073741824]}}` (one step for the tiny model)",
+         ["sweep", "s.yaml"], _yaml(sweep_config(**{"search_space.batch_size": {"grid": [2**30]}})),
+         ("tokens_per_param", "1 optimizer step", "limits.min_steps")),
+    Case("batch_2e30_memory", "a batch of 2^30 tokens trained long enough (`limits.min_steps: 1`)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search_space.batch_size": {"grid": [2**30]}, "limits.min_steps": 1})),
+         ("trainer.batch_size", "1,073,741,824", "needs about", "MB", "share of this machine")),
+    Case("trial_memory_mb_too_small", "`resources.memory_mb: 100` (below the tiny trial's estimate)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"resources.memory_mb": 100})), ("needs about", "resources.memory_mb 100 MB")),
+    Case("train_batch_2e30", "`hpo train` with `batch_size: 1073741824`", ["train", "--config", "t.yaml", "--output", "out"],
+         _text("t.yaml", yaml.safe_dump({**TINY_TRAINER, "lr": 0.01, "batch_size": 2**30})),
+         ("t.yaml", "batch_size", "1,073,741,824", "needs about", "this machine")),
+    Case("tokens_per_param_tiny", "`trainer.tokens_per_param: 1e-6` (one step)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.tokens_per_param": 1e-6})), ("tokens_per_param", "1e-06", "limits.min_steps")),
+    Case("grid_duplicate_values", "duplicate grid values (`lr: {grid: [0.01, 0.01]}`)", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"search_space.lr": {"grid": [0.01, 0.01]}})), ("search_space.lr", "0.01", "more than once")),
+    Case("predictor_m_1e300", "a predictor file with `m: 1e300`", ["sweep", "s.yaml"],
+         _predictor_param("m", 1e300), ("p.json", "params.m", "1e+300", "recalibrate")),
+    Case("predictor_b_const_1e308", "a predictor file with `b_const: 1e308`", ["sweep", "s.yaml"],
+         _predictor_param("b_const", 1e308), ("p.json", "params.b_const", "1e+308")),
+    Case("curve_file_proc_symlink", "a curve file that is a symlink to `/proc/self/mem`",
+         ["calibrate", "--from-curves", "curves.csv", "--output-dir", "out", "--predictor-out", "p.json"],
+         lambda d: (d / "curves.csv").symlink_to("/proc/self/mem"), ("curves.csv", "/proc")),
+    Case("resume_foreign_state", "`hpo resume` on a state file of another layout (version 2, other keys)",
+         ["resume", "old"], _resumable_with_foreign_state,
+         ("scheduler_state.json", "version 2", "not its layout", "checkpoints")),
+    Case("own_store_not_a_database", "`out/mlflow.db` is not a database (a new sweep into out/)", ["sweep", "s.yaml"],
+         lambda d: ((d / "out").mkdir(), (d / "out" / "mlflow.db").write_bytes(b"not a database\n" * 100),
+                    _yaml(sweep_config())(d)), ("mlflow.db", "not a usable SQLite database")),
+    Case("set_key_1000_parts", "`--set` with a 1,000-part dotted key",
+         ["sweep", "s.yaml", "--set", ".".join(["a"] * 1000) + "=1"], _yaml(sweep_config()),
+         ("--set a.a.a", "1,000 dotted parts", "nested deeper")),
+    Case("report_folder_is_file", "`hpo report DIR` where `DIR/report` is a file", ["report", "old"],
+         lambda d: (_resumable_with_state(d), (d / "old" / "report").write_text("x")), ("report", "not a directory")),
+    Case("report_sweep_folder_read_only", "`hpo report DIR` where `DIR` is immutable", ["report", "old"],
+         lambda d: (_resumable_with_state(d), _read_only(d / "old")), ("report", "not writable"),
+         teardown=lambda d: _writable_again(d / "old")),
+    Case("calibration_bank_etc_passwd", "calibration `bank: /etc/passwd`", ["calibrate", "c.yaml", "--fit-only"],
+         _text("c.yaml", "name: x\nbank: /etc/passwd\n"), ("bank", "/etc/passwd", "not a parquet curve bank")),
+    Case("corpus_system_folder", "`trainer.data.corpus: /etc`", ["sweep", "s.yaml"],
+         _yaml(sweep_config(**{"trainer.data.corpus": "/etc"})), ("data.corpus", "/etc", "system folder")),
 ]
 
 

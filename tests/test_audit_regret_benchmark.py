@@ -142,13 +142,14 @@ def test_ties_use_the_seed_band(report):
 def test_keep_set_is_the_schedulers(bank, s):
     from hpo.trials.replay import run_points
     from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.decisions.scheduler_contract import SchedulerSettings
     from hpo.trials.simulator import SimulatedSweep
 
     frame = load_bank(bank)
     runs = ["a1", "b1", "c1", "d1"]
     views = audit.run_views(frame, runs)
     benchmark = audit.keep_set(PREDICTOR, views, runs, s)
-    scheduler = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min", rungs=(s,))
+    scheduler = CollapseScheduler(predictor=PREDICTOR, settings=SchedulerSettings(rungs=[s]))
     SimulatedSweep(scheduler, {r: run_points(frame, r) for r in runs}).run()
     rung = scheduler.state.rungs[0]
     assert sorted(benchmark.kept) == sorted(rung.survivors) and len(benchmark.kept) == 2

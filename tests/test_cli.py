@@ -80,7 +80,7 @@ def test_sweep_with_missing_predictor_writes_nothing(tmp_path: Path, capsys: pyt
     output = tmp_path / "sweep_out"
     config = _write(tmp_path / "s.yaml", {
         "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
-        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(tmp_path / "missing.json"),
+        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(tmp_path / "missing.json"), "limits": {"min_steps": 1},
     })
     assert main(["sweep", str(config)]) == 2
     assert "missing.json" in capsys.readouterr().err
@@ -104,7 +104,7 @@ def test_sweep_with_malformed_predictor_names_file_and_field(
     output = tmp_path / "sweep_out"
     config = _write(tmp_path / "s.yaml", {
         "name": "bad", "output_dir": str(output), "trainer": TINY_TRAIN,
-        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(predictor),
+        "search_space": {"lr": {"grid": [0.01]}}, "predictor": str(predictor), "limits": {"min_steps": 1},
     })
     assert main(["sweep", str(config)]) == 2
     err = capsys.readouterr().err
@@ -240,9 +240,12 @@ def test_calibrate_from_curves_and_fit_only_never_import_ray_or_torch(tmp_path: 
     assert (tmp_path / "curves.json").exists() and (tmp_path / "bank.json").exists()
 
 
-def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
-    # Ctrl-C (SIGINT) during a real sweep: the driver stops Ray Tune, prints that the sweep was
-    # interrupted before the partial report, gives the `hpo resume` command, and exits 130.
+@pytest.mark.parametrize("stop", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
+def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path, stop: str) -> None:
+    # Ctrl-C (SIGINT), or the SIGTERM that kill, timeout, systemd, Slurm and Kubernetes send,
+    # during a real sweep: the driver stops Ray Tune, prints that the sweep was interrupted
+    # before the partial report, gives the `hpo resume` command, exits 130, and leaves the
+    # MLflow runs KILLED (the trials still going) or FINISHED, none FAILED nor RUNNING.
     import os
     import signal
     import subprocess
@@ -250,6 +253,7 @@ def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
     import time
 
     import yaml
+    from mlflow.tracking import MlflowClient
 
     from sweep_fixtures import tiny_sweep
 
@@ -266,7 +270,7 @@ def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
         while time.time() < deadline and not (output / "scheduler_state.history.jsonl").exists():
             assert driver.poll() is None, "sweep ended before any trial reported"
             time.sleep(0.2)
-        driver.send_signal(signal.SIGINT)
+        driver.send_signal(getattr(signal, stop))  # the driver alone, as `kill PID` does
         out, err = driver.communicate(timeout=300)
     finally:
         if driver.poll() is None:
@@ -276,6 +280,12 @@ def test_an_interrupted_sweep_says_so_and_how_to_resume(tmp_path: Path) -> None:
     assert "sweep INTERRUPTED: the report below is partial" in out
     assert out.index("sweep INTERRUPTED") < out.index("Sweep report")
     assert f"hpo resume {output}" in out and f"hpo resume {output}" in err
+    assert "Traceback" not in err, err[-3000:]
+    runs = MlflowClient(tracking_uri=f"sqlite:///{output / 'mlflow.db'}").search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=f"sqlite:///{output / 'mlflow.db'}").search_experiments()])
+    statuses = sorted(r.info.status for r in runs)
+    assert len(runs) >= 2 and "KILLED" in statuses, statuses  # the parent and the trials started
+    assert set(statuses) <= {"KILLED", "FINISHED"}, statuses
 
 
 def test_readme_calibrate_commands_leave_the_checkout_unchanged(tmp_path: Path) -> None:

@@ -352,3 +352,23 @@ def test_logged_schedule_without_logged_lr_is_named(present):
     frame = _schedule_frame("logged", **({"logged_lr": np.nan} if present else {}))
     with pytest.raises(CurveImportError, match="run r: column 'logged_lr' is " + ("empty" if present else "missing")):
         _load(frame)
+
+
+def test_parquet_struct_and_list_columns_are_read_as_text(tmp_path: Path) -> None:
+    # A parquet file with nested columns (a struct, a list), even ones the import does not
+    # need, was a TypeError (unhashable) where duplicate rows are found.
+    import pandas as pd
+
+    frame = pd.read_csv(EXAMPLE)
+    frame["meta"] = [{"host": "a", "rank": i % 2} for i in range(len(frame))]
+    frame["tags"] = [["x", str(i % 3)] for i in range(len(frame))]
+    frame.to_parquet(tmp_path / "curves.parquet")
+    imported = load_curves_file(tmp_path / "curves.parquet")
+    assert len(imported.curves) == len(load_curves_file(EXAMPLE).curves) > 0
+
+
+def test_a_curve_file_linked_to_proc_is_refused_in_one_line(tmp_path: Path) -> None:
+    # /proc files pass as regular files; /proc/self/mem fails with EIO on read.
+    (tmp_path / "curves.csv").symlink_to("/proc/self/mem")
+    with pytest.raises(CurveImportError, match=r"curves.csv: is a file of the kernel's /proc"):
+        load_curves_file(tmp_path / "curves.csv")

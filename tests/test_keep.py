@@ -68,7 +68,7 @@ def test_the_paired_test_stops_only_what_the_paired_difference_shows_worse() -> 
 
 def test_a_rule_is_swapped_in_by_config_with_its_knobs() -> None:
     from hpo.decisions.scheduler import CollapseScheduler
-    from hpo.trials.sweep_config import SchedulerSettings
+    from hpo.decisions.scheduler_contract import SchedulerSettings
 
     assert set(RULES) == {"collapse", "asha", "current-best", "paired-test", "top-k"}
     assert SchedulerSettings(rule="asha").rule == {"name": "asha"}
@@ -87,7 +87,7 @@ def test_a_rule_is_swapped_in_by_config_with_its_knobs() -> None:
             raise AssertionError
 
     for name in RULES:
-        s = CollapseScheduler(predictor=Predictor(), metric="loss", mode="min", rule=name)
+        s = CollapseScheduler(predictor=Predictor(), settings=SchedulerSettings(rule=name))
         assert s._judge.rule.name == name and s._state.settings["rule"] == make_rule(name).settings()
 
 

@@ -135,3 +135,19 @@ def test_calibrate_from_logs_names_a_bad_export_exits_2_and_writes_nothing(tmp_p
     err = capsys.readouterr().err
     assert "run.json" in err and "'config' and 'history'" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_calibrate_from_logs_names_the_fit_window_a_short_run_starts_after(tmp_path, monkeypatch, capsys):
+    # Runs evaluated every 200 of 3,000 steps start at t̂ 0.067: a fit from t̂ 0.05 is refused in one
+    # line naming the setting and the value that works (exit 2, nothing written), not a traceback.
+    from hpo.service.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for i, peak in enumerate((5e-4, 1e-3, 2e-3)):
+        write(tmp_path / "logs", f"r{i}", export(f"r{i}", list(range(200, T, 200)), cooldown_from(150),
+                                                 lr_peak=peak, loss=lambda s, i=i: 5.0 - 2.0 * s / T - 0.01 * i))
+    code = main(["calibrate", "--from-logs", str(tmp_path / "logs"), "--set", "fit.t_min=0.05",
+                 "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "fit.t_min: 0.05 is before the first point of 3 run(s)" in err and "fit.t_min=0.07" in err
+    assert not (tmp_path / "out").exists()

@@ -59,3 +59,41 @@ def test_a_bad_budget_is_named(raw, monkeypatch):
     monkeypatch.setenv("HPO_MEMORY_MB", raw)
     with pytest.raises(MemoryBudgetError, match="HPO_MEMORY_MB"):
         memory.memory_budget_mb()
+
+
+# ----------------------------------------------------------------------------- a training run
+
+
+def test_a_trials_memory_estimate_bounds_what_it_was_measured_at_and_scales_with_the_micro_batch() -> None:
+    # Peak RSS of the tiny trainer of the tests, measured with `python -m trainers.memory`
+    # (2 logging intervals): 367 MB at 2,048 tokens a step, 600 MB at 16,384, 1,194 MB at 65,536.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sweep_fixtures import TINY_TRAINER
+    from trainers.config import TrainConfig
+    from trainers.memory import estimate_train_memory
+
+    def estimate(**changes: object) -> float:
+        config = TrainConfig.model_validate({**TINY_TRAINER, "lr": 0.01, **changes})
+        return estimate_train_memory(config, data_tokens=10 * 2**20).total_mb
+
+    for batch, measured in ((2048, 367), (16384, 600), (65536, 1194)):
+        assert measured < estimate(batch_size=batch) < 2 * measured
+    # Gradient accumulation: the activations of one forward pass, not of the whole step.
+    assert estimate(batch_size=65536, micro_batch_size=2048) == estimate(batch_size=2048)
+    assert estimate(batch_size=2**30) > 1e6  # the 2^30-token step of the bad-input table: terabytes
+
+
+def test_a_calibration_that_would_run_for_days_is_refused_with_the_time(monkeypatch) -> None:
+    from hpo.calibration.memory import check_fit_time, fit_seconds
+
+    monkeypatch.delenv("HPO_TIME_BUDGET_S", raising=False)
+    check_fit_time(48, "curves.csv", held_out=True)  # 242 s measured: within the hour
+    with pytest.raises(MemoryBudgetError, match=r"big.csv: calibrating 17,682 curves with held-out refits would take "
+                                                r"about [\d,.]+ days, above the time budget of 1.0 h"):
+        check_fit_time(17_682, "big.csv", held_out=True)
+    check_fit_time(17_682, "big.csv", held_out=False)  # no refits: not this estimate's business
+    monkeypatch.setenv("HPO_TIME_BUDGET_S", str(fit_seconds(17_682) + 1))
+    check_fit_time(17_682, "big.csv", held_out=True)

@@ -228,6 +228,27 @@ def test_reference_mode_band_from_pairs_of_seeds():
     assert NoiseBand.from_dict(full.to_dict()) == full and full.for_reference == band
 
 
+def test_a_spread_measured_on_few_reference_runs_raises_h():
+    # σ scaled to one pair of reference runs is a few degrees of freedom: a pair that happens to
+    # sit close together would set a narrow band, and every run judged with it would alarm. h
+    # rises with the doubt (one pair most) and falls back to the shape's h as pairs add up.
+    from predictors.monitor import pair_changes, pair_contrasts, scaled_band
+
+    sized = dataclasses.replace(C, n_params=1e5)
+    runs = [Curve(T, clean(s, noise=0.004), sized, {"name": f"r{s}", "seed": s}) for s in range(6)]
+    changes = pair_changes(runs)
+    assert pair_contrasts(runs) == 5 and pair_contrasts(runs[:2]) == 1
+    h = {k: scaled_band(BAND, changes, contrasts=k).rule.threshold for k in (1, 5, 1000)}
+    assert h[1] > 1.15 * BAND.rule.threshold and h[1] > h[5] > h[1000] >= BAND.rule.threshold
+    assert h[1000] < 1.1 * BAND.rule.threshold
+    # The scale itself is the pairs' spread, whatever the doubt.
+    assert scaled_band(BAND, changes, contrasts=1).scale == scaled_band(BAND, changes, contrasts=5).scale
+    # Re-runs of one seed (identical settings) pair only when asked: their spread is nondeterminism.
+    same = [dataclasses.replace(c, meta={**c.meta, "seed": 0}) for c in runs[:2]]
+    assert pair_changes(same).shape[0] == 0 and pair_changes(same, same_seed=True).shape[0] == 2
+    assert pair_contrasts(same) == 0 and pair_contrasts(same, same_seed=True) == 1
+
+
 def _wiggly(seed: int, amp: float = 0.006) -> np.ndarray:
     """A clean run whose seed bends its shape slowly (a few smooth modes of ~0.6%), far more than
     BAND's runs do: what another seed of a reference run brings."""
@@ -240,7 +261,9 @@ def _wiggly(seed: int, amp: float = 0.006) -> np.ndarray:
 def test_hpo_monitor_reference_band_from_the_reference_runs(tmp_path, capsys):
     # With >= 2 reference runs of a run's controls, --reference judges it with their own spread:
     # clean runs of other seeds stay inside it, while the stored band (BAND: runs far less
-    # bent) alarms on most of them; a drift from t̂ 0.5 is still caught after it starts.
+    # bent) alarms on most of them; a drift from t̂ 0.5 is still caught after it starts. A
+    # spread of two runs (one pair) is uncertain, so h is raised: the drift is caught late; four
+    # reference runs (three independent pairs) catch it by t̂ 0.8.
     import json
 
     import pandas as pd
@@ -251,14 +274,18 @@ def test_hpo_monitor_reference_band_from_the_reference_runs(tmp_path, capsys):
     runs = [row for s in range(8) for row in _curve_rows(f"clean{s}", T, _wiggly(s), seed=s)]
     runs += _curve_rows("drift", T, drift(_wiggly(9), 0.5, 0.08), seed=9)
     pd.DataFrame(runs).to_csv(tmp_path / "runs.csv", index=False)
-    refs = [row for s in (100, 101) for row in _curve_rows(f"ref{s}", T, _wiggly(s), seed=s)]
-    pd.DataFrame(refs).to_csv(tmp_path / "refs.csv", index=False)
-    assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
-                 "--reference", str(tmp_path / "refs.csv"), "--json"]) == 0
-    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
-    assert all("spread of the reference runs (2" in r["band"] for r in rows.values())
-    assert sum(rows[f"clean{s}"]["alarm"] for s in range(8)) <= 1
-    assert rows["drift"]["alarm"] and 0.5 < rows["drift"]["first_alarm_train_fraction"] < 0.8
+    refs = [row for s in (100, 101, 102, 103) for row in _curve_rows(f"ref{s}", T, _wiggly(s), seed=s)]
+    caught = {}
+    for k in (2, 4):
+        pd.DataFrame(refs[: k * len(T)]).to_csv(tmp_path / "refs.csv", index=False)
+        assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
+                     "--reference", str(tmp_path / "refs.csv"), "--json"]) == 0
+        rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+        assert all(f"spread of the reference runs ({k}" in r["band"] for r in rows.values())
+        assert sum(rows[f"clean{s}"]["alarm"] for s in range(8)) <= 1
+        assert rows["drift"]["alarm"] and rows["drift"]["first_alarm_train_fraction"] > 0.5
+        caught[k] = rows["drift"]["first_alarm_train_fraction"]
+    assert caught[4] < 0.8 and caught[2] > caught[4]
     # One reference run: no spread to measure, the stored band judges (and is too narrow here).
     pd.DataFrame(refs[: len(T)]).to_csv(tmp_path / "one_ref.csv", index=False)
     assert main(["monitor", str(tmp_path / "runs.csv"), "--predictor", str(predictor),
@@ -328,3 +355,16 @@ def test_hpo_monitor_cli_json_plots_and_bad_input(tmp_path, capsys):
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "bad").exists()
+
+
+def test_a_predictor_with_an_irreducible_loss_is_followed():
+    # Its ℓ̂ is the shape of L − L̂: a clean run L = L̂ + D·ℓ̂ has r ~ 0 and stays quiet (aligning
+    # L itself on ℓ̂ bent r by several %), and the final loss it states is L̂ + D.
+    floored = Predictor(dataclasses.replace(PRED.params, irreducible_loss=1.5))
+    y = 1.5 + 0.8 * floored.normalized_curve(T, C)
+    result = monitor_curve(T, y, floored, C, band=BAND)
+    assert result.status == "ok" and np.nanmax(np.abs(result.residual[T > 0.3])) < 1e-3
+    assert result.final_loss == pytest.approx(2.3, rel=1e-3)
+    assert monitor_curve(T, drift(y, 0.5, 0.05), floored, C, band=BAND).alarm
+    with pytest.raises(ValueError, match="irreducible loss"):
+        monitor_curve(T, y - 1.0, floored, C, band=BAND)

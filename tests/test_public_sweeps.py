@@ -113,7 +113,16 @@ def test_a_sweep_starts_with_one_line_on_its_predictor_and_warns_far_beyond_it(t
     lines = predictor_line(big, Predictor.load(big.predictor_path())).splitlines()
     assert len(lines) == 2 and lines[1].startswith("warning: predictor fitted at N = 2.37e+04–1.2e+06")
     assert "ranks by the losses at the rung" in lines[1]
-    # Without a predictor named, the sweep at 85M gets the packaged public-LM predictor.
+    # Without a predictor named, the sweep at 85M deciding on the validation loss gets the packaged
+    # public-LM predictor; deciding on the training loss, the CPU one (the only one fitted on it),
+    # and the warning says which metric would use the nearer one.
     del raw["predictor"]
+    raw.setdefault("scheduler", {})["metric"] = "val_loss"
+    raw["trainer"].pop("eval_every", None)  # deciding on val_loss evaluates at every report
+    path.write_text(yaml.safe_dump(raw))
+    assert load_sweep_config(str(path)).predictor_path().name == "public_lm.json"
+    # Deciding on the training loss, 71x beyond the CPU predictor (the only one fitted on it): still
+    # the public one, which the sweep's metric check refuses in one line naming the fix.
+    raw["scheduler"]["metric"] = "loss"
     path.write_text(yaml.safe_dump(raw))
     assert load_sweep_config(str(path)).predictor_path().name == "public_lm.json"

@@ -166,7 +166,10 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     from ray import tune
 
     from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.decisions.scheduler_contract import SchedulerSettings
     from hpo.decisions.scheduler_state import SchedulerState
+
+    settings = SchedulerSettings(rungs=[0.1, 0.2, 0.3], reduction_factor=2, margin=0.0, mode="sync")
 
     class Keys(tune.Callback):
         def __init__(self):
@@ -185,8 +188,7 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     keys = Keys()
     state_path = tmp_path / "state.json"
     try:
-        scheduler = CollapseScheduler(predictor=PREDICTOR, rungs=(0.1, 0.2, 0.3), reduction_factor=2,
-                                      margin=0.0, decision_mode="sync", state_path=state_path)
+        scheduler = CollapseScheduler(predictor=PREDICTOR, settings=settings, state_path=state_path)
         frame = load_replay_bank(bank)
         runs = bank_sweeps(frame)["syn"]
         reached, errors = replay_sweep(bank, runs, scheduler, name="syn", storage_path=tmp_path / "ray",
@@ -209,8 +211,7 @@ def test_collapse_scheduler_on_replayed_sweep(bank, tmp_path):
     # same curves: same keep set at every rung, same t̂ reached.
     from hpo.trials.simulator import SimulatedSweep
 
-    offline = CollapseScheduler(predictor=PREDICTOR, metric="loss", mode="min", rungs=(0.1, 0.2, 0.3),
-                                reduction_factor=2, margin=0.0, decision_mode="sync")
+    offline = CollapseScheduler(predictor=PREDICTOR, settings=settings)
     simulated = SimulatedSweep(offline, {r: run_points(frame, r) for r in runs}).run()
     assert simulated.reached == pytest.approx(reached)
     by_run = {tid: rec.config["run_id"] for tid, rec in state.trials.items()}

@@ -208,17 +208,23 @@ def six_trials(spec: dict = SIX) -> list[Trial]:
     return [stub(tid, final=f, tau=tau) for tid, (f, tau) in spec.items()]
 
 
+SCHEDULER_KEYWORDS = ("predictor", "rule", "state_path", "resume", "on_early_answer", "on_decision", "time_attr",
+                      "persist_interval_s")
+
+
 def sched(**kw: Any) -> CollapseScheduler:
-    """A scheduler on fake predictors; tests of the margin's mechanics pass ``margin_z=1.0``
-    so the margin equals the stated ranking scale."""
-    kw.setdefault("predictor", FakePredictor())
-    kw.setdefault("metric", "loss")
-    kw.setdefault("mode", "min")
+    """A scheduler on fake predictors: the keywords CollapseScheduler takes go to it, the rest
+    into its ``SchedulerSettings``; tests of the margin's mechanics pass ``margin_z=1.0`` so the
+    margin equals the stated ranking scale."""
+    args = {key: kw.pop(key) for key in SCHEDULER_KEYWORDS if key in kw}
+    args.setdefault("predictor", FakePredictor())
+    if isinstance(args.get("rule"), (str, dict)):
+        kw["rule"] = args.pop("rule")
     kw.setdefault("min_points", 2)
     kw.setdefault("rungs", (0.1, 0.2, 0.3))  # the mechanics of three rungs (the shipped default has one)
-    if "margin_z" in kw:  # the collapse rule's knob
-        kw["rule"] = {"name": "collapse", "margin_z": kw.pop("margin_z")}
-    s = CollapseScheduler(**kw)
+    if "decision_mode" in kw:
+        kw["mode"] = kw.pop("decision_mode")
+    s = CollapseScheduler(settings=SchedulerSettings(**kw), **args)
     s._strict = True  # re-raise internal errors in tests instead of logging them
     return s
 
@@ -411,7 +417,7 @@ def test_fixed_margin_keeps_near_ties():
     assert "within the margin 3.00%" in s.state.rungs[0].entries["b"].reason
     assert s.state.early_answer["trial_id"] == "a" and s.state.early_answer["kept"] == ["a", "b"]
     with pytest.raises(ValueError, match="margin"):
-        CollapseScheduler(predictor=FakePredictor(), margin=-0.1)
+        SchedulerSettings(margin=-0.1)
 
 
 class RankedFakePredictor(FakePredictor):
@@ -479,7 +485,7 @@ def test_margin_z_and_a_predictor_without_ranking_error():
     FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.001, tau=0.5)]).run(workers=2)
     assert s.state.rungs[0].margin == 0.0 and s.state.rungs[0].survivors == ["a"]
     with pytest.raises(ValueError, match="margin"):
-        CollapseScheduler(predictor=FakePredictor(), margin="wide")
+        SchedulerSettings(margin="wide")
     # The default z is the decision core's (one home), and the sweep config's default too.
     s = sched(rungs=(0.1,), predictor=RankedFakePredictor({0.1: 0.02}))
     FakeController(s, [stub("a", final=1.00, tau=0.5), stub("b", final=1.01, tau=0.5)]).run(workers=2)
@@ -815,13 +821,12 @@ def test_restore_refuses_mismatched_or_malformed_state(tmp_path):
     path = tmp_path / "scheduler_state.json"
     sched(state_path=path).flush()
     with pytest.raises(ValueError, match="rungs"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.2, 0.4), resume=True)
+        sched(state_path=path, rungs=(0.2, 0.4), resume=True)
     with pytest.raises(ValueError, match="decision mode"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, rungs=(0.1, 0.2, 0.3), decision_mode="audit",
-                          resume=True)
+        sched(state_path=path, decision_mode="audit", resume=True)
     path.write_text("{")
     with pytest.raises(StateFileError, match="scheduler_state.json"):
-        CollapseScheduler(predictor=FakePredictor(), state_path=path, resume=True)
+        sched(state_path=path, resume=True)
 
 
 # Asserts: a new scheduler never inherits another experiment's decisions: an existing state file
@@ -924,24 +929,26 @@ def test_audit_records_would_stop_only():
 # ---------------------------------------------------------------------------- API
 
 
-# Asserts: metric and mode default to None (TuneConfig sets them, as with Ray's schedulers);
-# conflicting values are refused; mode="max" is refused with a message (losses are minimised).
+# Asserts: the scheduler's metric is its settings' (the predictor was fitted on one) and its mode
+# "min": TuneConfig may repeat them, another metric is refused (False: Ray reports the conflict),
+# mode="max" is refused with a message (losses are minimised); bad settings are refused before
+# a scheduler exists; the scheduler takes the settings object, not loose keywords.
 def test_set_search_properties_and_mode():
     s = CollapseScheduler(predictor=FakePredictor())
-    with pytest.raises(ValueError, match="metric"):
-        s.on_trial_add(None, stub("a"))
-    assert s.set_search_properties("loss", "min") is True and s.metric == "loss" and s.mode == "min"
+    assert s.metric == "loss" and s.mode == "min"
+    assert s.set_search_properties("loss", "min") is True and s.set_search_properties(None, None) is True
     assert s.set_search_properties("val_loss", None) is False
-    s2 = CollapseScheduler(predictor=FakePredictor(), metric="loss", mode="min")
-    assert s2.set_search_properties("loss", "min") is True
+    assert CollapseScheduler(predictor=FakePredictor(), settings=SchedulerSettings(metric="val_loss")).metric == "val_loss"
     with pytest.raises(ValueError, match="max"):
-        CollapseScheduler(predictor=FakePredictor(), mode="max")
-    with pytest.raises(ValueError, match="max"):
-        CollapseScheduler(predictor=FakePredictor()).set_search_properties("loss", "max")
-    with pytest.raises(ValueError):
-        CollapseScheduler(predictor=FakePredictor(), decision_mode="fast")
-    with pytest.raises(ValueError):
-        CollapseScheduler(predictor=FakePredictor(), rungs=(0.3, 0.2))
+        s.set_search_properties("loss", "max")
+    with pytest.raises(ValueError, match="mode"):
+        SchedulerSettings(mode="fast")
+    with pytest.raises(ValueError, match="rungs"):
+        SchedulerSettings(rungs=(0.3, 0.2))
+    with pytest.raises(TypeError):
+        CollapseScheduler(predictor=FakePredictor(), rungs=(0.1,))  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="predict_final"):
+        CollapseScheduler(predictor=object())
 
 
 # Asserts: results that break the report contract stop the sweep with a message naming the
@@ -1161,8 +1168,8 @@ def test_end_to_end_ray_tune_sync(tmp_path):
     finals = {"a": (1.30, 0.2), "b": (1.10, 0.6), "c": (1.50, 0.1), "d": (1.00, 1.5), "e": (1.20, 0.3)}
     answers: list[dict] = []
     scheduler = CollapseScheduler(
-        predictor=FakePredictor(), min_points=2, state_path=tmp_path / "scheduler_state.json",
-        rungs=(0.1, 0.2, 0.3), on_early_answer=answers.append, persist_interval_s=0.5,
+        predictor=FakePredictor(), settings=SchedulerSettings(min_points=2, rungs=[0.1, 0.2, 0.3]),
+        state_path=tmp_path / "scheduler_state.json", on_early_answer=answers.append, persist_interval_s=0.5,
     )
 
     class Seen(tune.Callback):
@@ -1325,8 +1332,7 @@ def test_bookkeeping_is_not_quadratic_in_the_trials():
     for i in range(n):
         final, tau = rng.uniform(1.0, 1.5), rng.uniform(0.1, 1.5)
         runs[f"t{i:04d}"] = [make_result(final, tau, round(k * DT, 6)) for k in range(1, int(round(1 / DT)) + 1)]
-    s = CollapseScheduler(predictor=FakePredictor(), metric="loss", mode="min", min_points=2,
-                          rungs=(0.1, 0.2, 0.3))
+    s = CollapseScheduler(predictor=FakePredictor(), settings=SchedulerSettings(min_points=2, rungs=[0.1, 0.2, 0.3]))
     counts = {"walked": 0, "live": 0}
 
     class Counted(list):

@@ -266,3 +266,60 @@ def test_the_mlflow_ui_opens_on_the_sweep_in_a_browser(finished_sweep: Path) -> 
 
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_tracking_credentials_reach_the_driver_but_no_ray_process(tmp_path: Path, monkeypatch) -> None:
+    # A password in an http tracking URI: MLflow in the driver gets it (its environment
+    # variables); no process of the local Ray the sweep starts holds it in /proc/<pid>/environ.
+    import os
+
+    import ray
+
+    from hpo.service.sweep import start_ray_then_credentials
+    from hpo.trials.sweep_config import load_sweep_config
+
+    secret = "pw-only-for-the-driver"
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    config = load_sweep_config(data={**tiny_sweep(tmp_path / "out"),
+                                     "mlflow": {"experiment": "x", "tracking_uri": f"http://alice:{secret}@127.0.0.1:9"}})
+    before = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+    try:
+        uri = start_ray_then_credentials(config, None)
+
+        @ray.remote
+        def worker_pid() -> int:  # a worker process started by the raylet
+            return os.getpid()
+
+        worker = ray.get(worker_pid.remote())
+        started = {int(p) for p in os.listdir("/proc") if p.isdigit()} - before
+        leaked = []
+        for pid in started | {worker}:
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:
+                continue
+            if secret.encode() in environ:
+                leaked.append(open(f"/proc/{pid}/cmdline", "rb").read()[:80])
+        assert worker in started and len(started) >= 3  # GCS, raylet, worker(s) at least
+        assert leaked == []
+        assert uri == "http://127.0.0.1:9" and os.environ["MLFLOW_TRACKING_PASSWORD"] == secret
+    finally:
+        ray.shutdown()
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_refused_before_ray(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    from hpo.common.overrides import ConfigError
+    from hpo.service.sweep import check_disk_space
+
+    config = load_sweep_config(data=tiny_sweep(tmp_path / "out"))
+    check_disk_space(config, config.output_path())  # this machine's disk has room
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 2**20, 2**20))  # 1 MB free
+    with pytest.raises(ConfigError, match=r"output_dir: .*out: 1.0 MB free on its filesystem .* needs about \d+ MB "
+                                          r"\(4 trial\(s\) x 3 checkpoints"):
+        check_disk_space(config, config.output_path())
+    assert not (tmp_path / "out").exists()

@@ -179,7 +179,8 @@ def _sweep(corpus: Path, cache: Path, **trainer: Any) -> Any:
 
     base = {k: v for k, v in _config(corpus, cache).items() if k not in ("threads", "device")}
     base.update(trainer)
-    return load_sweep_config(data={"name": "tokens", "trainer": base,
+    # limits.min_steps 1: these sweeps of a few steps only feed the data checks, never train.
+    return load_sweep_config(data={"name": "tokens", "trainer": base, "limits": {"min_steps": 1},
                                    "search_space": {"lr": {"grid": [0.01, 0.02]},
                                                     "batch_size": {"grid": [128, 256]}}})
 

@@ -80,9 +80,10 @@ def test_decision_error_agrees_with_scheduler(predictor: Predictor, curves: list
     """The script predicts exactly as the scheduler's rung entry does (``RungJudge.entry``, which ``CollapseScheduler`` calls)."""
     pytest.importorskip("ray")
     from hpo.decisions.scheduler import CollapseScheduler
+    from hpo.decisions.scheduler_contract import SchedulerSettings
     from hpo.decisions.scheduler_state import TrialRecord
 
-    scheduler = CollapseScheduler(predictor=predictor, rungs=(0.1, 0.3))
+    scheduler = CollapseScheduler(predictor=predictor, settings=SchedulerSettings(rungs=[0.1, 0.3]))
     curve, row = curves[1], rows[1]
     rec = TrialRecord(trial_id="t", controls=curve.controls.to_dict(),
                       history=[[float(t), float(y)] for t, y in zip(curve.t_hat, curve.loss)])

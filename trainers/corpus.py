@@ -75,6 +75,12 @@ def corpus_files(corpus: str, exclude: Path | None = None) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"data.corpus: {corpus!r} is neither 'stdlib' nor an existing file or directory")
+    system = _system_folder(path)
+    if system is not None:
+        # Text of the machine's own configuration or binaries is no training corpus, and the
+        # corpus cache would keep a private copy of it (140 MB for /etc, readable by the user).
+        raise FileNotFoundError(f"data.corpus: {corpus!r} is the system folder {system}, not a corpus; "
+                                "name a folder of your own text (or 'stdlib')")
     excluded = exclude.resolve() if exclude is not None else None
     found = []
     for file in path.rglob("*"):
@@ -85,6 +91,23 @@ def corpus_files(corpus: str, exclude: Path | None = None) -> list[Path]:
             continue
         found.append(file)
     return sorted(found, key=lambda p: p.relative_to(path).as_posix())
+
+
+#: Folders of the operating system itself: refused as a corpus (and anything at or above them).
+SYSTEM_FOLDERS = ("/", "/etc", "/proc", "/sys", "/dev", "/run", "/boot", "/bin", "/sbin", "/lib", "/lib64",
+                  "/usr", "/usr/bin", "/usr/lib", "/usr/sbin", "/var", "/var/log", "/var/lib", "/root", "/home",
+                  "/tmp", "/srv", "/opt", "/mnt", "/media")
+#: Of those, the ones whose every subfolder is refused too (/etc/ssl is still /etc).
+_SYSTEM_TREES = ("/etc", "/proc", "/sys", "/dev", "/run", "/boot", "/bin", "/sbin", "/usr/bin", "/usr/sbin",
+                 "/var/log", "/var/lib")
+
+
+def _system_folder(path: Path) -> str | None:
+    """The system folder ``path`` is (or lies in, for the trees of :data:`_SYSTEM_TREES`), else None."""
+    resolved = path.resolve()
+    if str(resolved) in SYSTEM_FOLDERS:
+        return str(resolved)
+    return next((tree for tree in _SYSTEM_TREES if resolved.is_relative_to(tree)), None)
 
 
 def held_out_count(n_tokens: int, val_fraction: float) -> int:

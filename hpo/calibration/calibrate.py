@@ -20,11 +20,11 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpo.calibration.fit import FitSettings, fit_and_report
-from hpo.calibration.memory import check_fit_memory
+from hpo.calibration.memory import check_fit_memory, check_fit_time
 from hpo.trials.curve_bank import bank_curves, fill_epochs, load_bank, run_id_of
 from hpo.common.output_lock import hold_folder
 from hpo.common.overrides import ConfigError, apply_overrides, format_validation_error, read_yaml
-from hpo.common.paths import check_output_dir, check_output_file
+from hpo.common.paths import PathError, check_input_file, check_output_dir, check_output_file
 from hpo.trials.sweep_config import check_dense_validation, merge_trial
 from predictors.run_keys import METRIC_COLUMNS
 
@@ -205,6 +205,24 @@ def preflight_outputs(config: CalibrationConfig) -> None:
         check_output_file(_predictor_out_given(config), "predictor_out (--predictor-out)")
 
 
+def preflight_bank(config: CalibrationConfig) -> None:
+    """An existing ``bank`` must be a parquet file (not a system file, a FIFO, /proc, or text):
+    checked before the output folder is made (``bank: /etc/passwd`` left an empty
+    ``runs/calibration/<name>/`` behind its error)."""
+    path = _resolve(config.bank)
+    if not path.exists() and not path.is_symlink():
+        return  # a new bank: created by the runs it banks (or named by the fit's own error)
+    try:
+        check_input_file(path, "bank", what="curve bank")
+        import pyarrow.parquet as pq
+
+        pq.read_metadata(path)
+    except PathError as exc:
+        raise ConfigError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow's own refusal: not a parquet file
+        raise ConfigError(f"bank: {path}: not a parquet curve bank ({' '.join(str(exc).split())[:160]})") from None
+
+
 def fit_from_bank(config: CalibrationConfig, bank_path: Path, predictor_path: Path) -> dict[str, Any]:
     """Fit the predictor on the bank's (and ``extra_banks``') completed curves of this
     calibration; write JSON + report."""
@@ -259,6 +277,7 @@ def calibrate(config_path: str, overrides: tuple[str, ...] = (), fit_only: bool 
     its ``mlflow.db``."""
     config = load_calibration_config(config_path, overrides)
     preflight_outputs(config)
+    preflight_bank(config)
     with hold_folder(_output(config), "hpo calibrate"):
         return _calibrate(config, fit_only)
 
@@ -308,6 +327,7 @@ def calibrate_from_curves(imported: Any, config: CalibrationConfig) -> dict[str,
         raise ConfigError("predictor_out: a calibration from curves must write a predictor (got null)")
     preflight_outputs(config)  # also checked by `hpo calibrate` before the curves were read
     check_fit_memory(len(imported.curves), imported.source)  # before the lock file or any fit
+    check_fit_time(len(imported.curves), imported.source, config.fit.held_out_error)
     predictor_path = _predictor_out(config)
     with hold_folder(_output(config), "hpo calibrate"):
         summary = fit_and_report(list(imported.curves), config.fit, predictor_path, _output(config),

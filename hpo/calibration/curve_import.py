@@ -138,6 +138,8 @@ def load_curves_file(path: str | Path, *, smoothing_fraction: float = 0.0,
         check_curve_file_memory(path)  # before parsing: a 99 MB CSV once grew to 8 GB in the fit
     except MemoryBudgetError as exc:
         raise CurveImportError(str(exc)) from None
+    except OSError as exc:  # the file cannot be read (EIO, permissions): one line naming it
+        raise CurveImportError(f"{path}: cannot read curve file: {exc.strerror or exc}") from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
@@ -163,6 +165,7 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
     if not (math.isfinite(smoothing_fraction) and 0.0 <= smoothing_fraction < 0.5):
         raise CurveImportError(f"smoothing_fraction: must be in [0, 0.5), got {smoothing_fraction!r}")
     frame = frame.rename(columns={k: v for k, v in ALIASES.items() if k in frame and v not in frame})
+    frame = _hashable_cells(frame)
     _check_columns(frame, source)
     if frame.empty:
         raise CurveImportError(f"{source}: no rows")
@@ -206,6 +209,20 @@ def curves_from_frame(frame: pd.DataFrame, *, source: str, smoothing_fraction: f
         raise CurveImportError(f"{source}: no {'complete ' if complete_only else ''}run to "
                                f"{'calibrate on' if complete_only else 'read'}: " + "; ".join(notes))
     return ImportedCurves(curves, notes, source)
+
+
+def _hashable_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the cells of struct, list or map columns (parquet's nested types: dicts,
+    lists, arrays) as their text: duplicate rows and runs are found by hashing rows, and such a
+    column, even one the import does not use, made that a TypeError."""
+    nested = [c for c in frame.columns if frame[c].dtype == object
+              and frame[c].map(lambda v: not isinstance(v, (str, bytes, int, float, bool, type(None)))).any()]
+    if not nested:
+        return frame
+    frame = frame.copy()
+    for column in nested:
+        frame[column] = frame[column].map(lambda v: v if isinstance(v, (str, type(None))) else str(v))
+    return frame
 
 
 def _check_columns(frame: pd.DataFrame, source: str) -> None:

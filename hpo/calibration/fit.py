@@ -22,6 +22,7 @@ from hpo.common.overrides import ConfigError
 from hpo.calibration.ranking_error import corpus_order_error, evaluation_groups, ranking_error_table, seed_noise, swept_sizes
 from hpo.calibration.size_choice import SizeChoice, choose_size_method, size_methods
 from predictors import fit
+from predictors.fit_objective import COVER_TOL
 from predictors.io import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
 from predictors.references import ReferenceCurves
 
@@ -71,6 +72,13 @@ def fit_and_report(
     if len(curves) < 3:
         raise ConfigError(f"{source}: only {len(curves)} complete curves to calibrate on (need 3)"
                           + (f"; {'; '.join(notes)}" if notes else ""))
+    late = [c for c in curves if float(c.t_hat[0]) > settings.t_min + COVER_TOL]
+    if late:  # the fit would stop at its first curve with a traceback: say which setting to change
+        first = max(late, key=lambda c: float(c.t_hat[0]))
+        raise ConfigError(
+            f"fit.t_min: {settings.t_min:g} is before the first point of {len(late)} run(s) (latest: "
+            f"{first.meta.get('name', '?')} starts at t̂ {float(first.t_hat[0]):.3g}); the fit needs every curve from "
+            f"t_min on: give --set fit.t_min={math.ceil(100 * float(first.t_hat[0])) / 100:g} (or later)")
     provenance = {**provenance,
                   "corpus_hash": sorted(set(str(c.meta.get("corpus_hash")) for c in curves))}
     refits = held_out.Refits(curves)  # shared: the size comparison's refits serve the error tables too

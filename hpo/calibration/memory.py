@@ -92,6 +92,46 @@ def check_fit_memory(curves: int, source: str) -> None:
                                 "or calibrate on fewer runs)")
 
 
+#: Time a calibration may take (s) unless ``HPO_TIME_BUDGET_S`` says otherwise.
+TIME_BUDGET_S = 3600.0
+TIME_BUDGET_ENV = "HPO_TIME_BUDGET_S"
+#: ``hpo calibrate --from-curves`` with its held-out refits (the default), measured on copies of
+#: the 6 example runs on 2 cores under load ~6: 52 s for 12 curves, 78 s for 24, 242 s for 48;
+#: fitted as FIXED + PER_CURVE_SQUARED·curves² (the refits grow with the curves, each over them).
+FIT_FIXED_S = 40.0
+FIT_S_PER_CURVE_SQUARED = 0.088
+
+
+def fit_seconds(curves: int) -> float:
+    """Estimated seconds of a calibration with held-out refits on ``curves`` curves."""
+    return FIT_FIXED_S + FIT_S_PER_CURVE_SQUARED * curves**2
+
+
+def check_fit_time(curves: int, source: str, held_out: bool) -> None:
+    """Refuse, before the fit, a calibration whose held-out refits would run past the time
+    budget (a 99 MB file of 17,682 runs had not finished after 300 s), with the time it would take."""
+    if not held_out:
+        return
+    raw = os.environ.get(TIME_BUDGET_ENV)
+    try:
+        budget = float(raw) if raw else TIME_BUDGET_S
+    except ValueError:
+        raise MemoryBudgetError(f"{TIME_BUDGET_ENV}: {raw!r} is not a number of seconds") from None
+    need = fit_seconds(curves)
+    if need > budget:
+        raise MemoryBudgetError(f"{source}: calibrating {curves:,} curves with held-out refits would take about "
+                                f"{_duration(need)}, above the time budget of {_duration(budget)} (set "
+                                f"{TIME_BUDGET_ENV}=N to allow more, fit.held_out_error: false to skip the refits, "
+                                "or calibrate on fewer runs)")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 def _refuse_file(path: Path, need: float, budget: float, what: str) -> None:
     raise MemoryBudgetError(f"{path}: reading this curve file ({what}) needs about {need:,.0f} MB, above the "
                             f"memory budget of {budget:,.0f} MB (set {MEMORY_BUDGET_ENV}=N to allow more, "

@@ -181,10 +181,13 @@ def apply_overrides(data: dict[str, Any], assignments: Iterable[str]) -> dict[st
         key, sep, raw = assignment.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {assignment!r}: expected key=value")
+        parts = key.strip().split(".")
+        if len(parts) > MAX_YAML_DEPTH:  # the same bound as a file's nesting (the checks after recurse)
+            raise ConfigError(f"--set {key[:60]}...: a key of {len(parts):,} dotted parts, nested deeper than "
+                              f"{MAX_YAML_DEPTH} levels")
         value = parse_yaml_value(raw, key)
         check_finite(value, "--set", key.strip())
         node = result
-        parts = key.strip().split(".")
         for part in parts[:-1]:
             child = node.get(part)
             if child is None:

@@ -109,4 +109,21 @@ def check_input_file(value: PathLike, field: str = "", what: str = "file") -> Pa
     if not stat.S_ISREG(mode):
         kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise PathError(f"{where}: is {kind}, not a regular {what}; only regular files are read")
+    kernel = _kernel_file(path)
+    if kernel is not None:
+        # /proc and /sys files pass as regular files (size 0) but are the kernel's views of
+        # processes and devices: /proc/self/mem fails with EIO, others never end.
+        raise PathError(f"{where}: is a file of the kernel's {kernel} (resolves to {path.resolve()}), not a {what}")
     return path
+
+
+#: Pseudo-filesystems whose files look regular but are not data.
+KERNEL_FILESYSTEMS = ("/proc", "/sys")
+
+
+def _kernel_file(path: Path) -> str | None:
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: stat() above would have said so
+        return None
+    return next((fs for fs in KERNEL_FILESYSTEMS if resolved.is_relative_to(fs)), None)

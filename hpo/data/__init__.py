@@ -9,8 +9,8 @@ a repository checkout next to the code. This folder holds the only copy of each 
   parameters), the default of every sweep.
 * ``predictors/public_lm.json``: fitted on public training logs of 33M–93M-parameter language
   models (``benchmarks/public_sweeps.py`` writes it; licence and source in its provenance and in
-  ``curves/README.md``), the default of a sweep whose model has N of 10M and up
-  (:func:`default_predictor_path`).
+  ``curves/README.md``), the default of a sweep whose model is nearer its sizes than
+  the CPU default's (N above about 4M, the geometric middle; :func:`default_predictor_path`).
 * ``sweeps/<name>.yaml``: sweeps runnable by name from any directory, ``hpo sweep quickstart``.
 """
 
@@ -49,35 +49,52 @@ def resource_path(relative: str) -> Path:
     return target
 
 
-def packaged_predictors() -> dict[str, tuple[float, float]]:
+def packaged_predictors() -> dict[str, tuple[float, float, str]]:
     """The packaged predictors (relative paths) with the smallest and largest non-embedding model
-    size each was fitted on (its ``provenance["model_sizes"]``)."""
+    size each was fitted on (its ``provenance["model_sizes"]``) and the loss it was fitted on
+    (``provenance["metric"]``; ``loss`` where not recorded)."""
     out = {}
     for relative in PACKAGED_PREDICTORS:
-        sizes = [float(n) for n in json.loads(resource_path(relative).read_text())["provenance"]["model_sizes"]]
-        out[relative] = (min(sizes), max(sizes))
+        provenance = json.loads(resource_path(relative).read_text())["provenance"]
+        sizes = [float(n) for n in provenance["model_sizes"]]
+        out[relative] = (min(sizes), max(sizes), str(provenance.get("metric") or "loss"))
     return out
 
 
-def default_predictor_path(n_params: Optional[float] = None) -> Path:
-    """The packaged predictor the product uses for a run of ``n_params`` non-embedding parameters:
-    the one whose fitted sizes lie nearest N in log (inside a predictor's range is distance 0).
+def default_predictor_path(n_params: Optional[float] = None, metric: Optional[str] = None) -> Path:
+    """The packaged predictor the product uses for a run of ``n_params`` non-embedding parameters
+    deciding on ``metric`` (``loss`` or ``val_loss``; None: any): the one whose fitted sizes lie
+    nearest N in log (inside a predictor's range is distance 0); where that one is fitted on another
+    metric, the nearest fitted on ``metric`` if N is within ``OFF_SCALE_SIZE_RATIO`` (30×) of its
+    sizes, else still the nearest (whose metric the sweep's check then names, with the fix).
     Without N, the CPU default (``predictors/default.json``, the quickstart's scale).
 
     Example:
         >>> default_predictor_path().name, default_predictor_path(1e5).name, default_predictor_path(85e6).name
         ('default.json', 'default.json', 'public_lm.json')
+        >>> default_predictor_path(25e6, metric="loss").name  # 21x the CPU one's sizes, fitted on loss
+        'default.json'
+        >>> default_predictor_path(1e5, metric="val_loss").name  # 140x below the public one's: not it
+        'default.json'
     """
+    from predictors.predictor import OFF_SCALE_SIZE_RATIO
+
     if n_params is None or not (math.isfinite(float(n_params)) and float(n_params) > 0):
         return resource_path(DEFAULT_PREDICTOR)
     n = math.log(float(n_params))
 
-    def distance(span: tuple[float, float]) -> float:
+    def distance(span: tuple[float, float, str]) -> float:
         low, high = math.log(span[0]), math.log(span[1])
         return max(low - n, n - high, 0.0)
 
     spans = packaged_predictors()
-    return resource_path(min(spans, key=lambda relative: (distance(spans[relative]), relative)))
+    nearest = min(spans, key=lambda relative: (distance(spans[relative]), relative))
+    same = [k for k in spans if metric is None or spans[k][2] == metric]
+    if metric is not None and spans[nearest][2] != metric and same:
+        best = min(same, key=lambda relative: (distance(spans[relative]), relative))
+        if distance(spans[best]) < math.log(OFF_SCALE_SIZE_RATIO):
+            return resource_path(best)
+    return resource_path(nearest)
 
 
 #: The public 124M bench and its ladder as a curve file (``curves/README.md``: source, licence).

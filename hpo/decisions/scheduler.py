@@ -31,7 +31,7 @@ Example:
     >>> from hpo.data import default_predictor_path
     >>> from predictors import Predictor
     >>> scheduler = CollapseScheduler(predictor=Predictor.load(default_predictor_path()),
-    ...                               metric="loss", mode="min", rungs=(0.1, 0.2, 0.3))
+    ...                               settings=SchedulerSettings(rungs=[0.1, 0.2, 0.3]))
     >>> scheduler.decision_mode, scheduler.rungs
     ('sync', (0.1, 0.2, 0.3))
 """
@@ -41,27 +41,28 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Union
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
 
 from hpo.decisions.early_answer import compose_early_answer, revise
-from hpo.decisions.scheduler_contract import (DEFAULT_RUNGS, ReportReader, SchedulerContractError, check_arguments, check_mode,
+from hpo.decisions.scheduler_contract import (ReportReader, SchedulerContractError, SchedulerSettings, check_mode,
                                               guarded, notify)
-from hpo.decisions.keep import KeepRule, make_rule
+from hpo.decisions.keep import KeepRule
 from hpo.decisions.scheduler_judge import RungJudge
 from hpo.decisions.scheduler_queue import RunQueue, first_by_walk
 from hpo.decisions.scheduler_state import (RungDecision, RungRecord, RungWalk, SchedulerState, StateStore, TrialRecord,
                                  TrialStatus, utc_now)
 from predictors.curves import T_HAT_EPS
-from predictors.prediction import DEFAULT_MIN_POINTS
 from predictors.io import json_safe
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["CollapseScheduler", "SchedulerSettings"]  # what it decides with, importable beside it
 
 #: Ray's trial status as the scheduler's (TERMINATED: finished, unless a rung stopped it).
 _RAY_TO_STATUS = {Trial.PENDING: TrialStatus.PENDING, Trial.RUNNING: TrialStatus.RUNNING,
@@ -78,17 +79,13 @@ class CollapseScheduler(FIFOScheduler):
     Args:
         predictor: has ``predict_final(t_hat, loss, controls)`` (``predictors.Predictor``);
             picklable. Its ``ranking_scale`` sets the calibrated margins.
-        metric, mode: the reported (smoothed) loss, and ``"min"`` (``"max"`` is refused: lower
-            losses are better); None lets ``tune.TuneConfig`` set them.
-        time_attr: the result key holding t̂.
-        rungs: the decision fractions, strictly increasing in (0, 1).
-        reduction_factor: at intermediate rungs the best ⌈n/rf⌉ continue (> 1).
-        margin: ``"calibrated"`` (default): the rule's own margin (the collapse rule: z·σ of the
-            order calibration measured for the sweep's kind, at the rung); or a number ≥ 0:
-            that margin in log units (0.02 ≈ 2%) on the predicted finals at every rung.
-        tolerance: how close two final losses must be to count as the same result (loss units;
-            None: the seed noise the predictor measured; ``hpo.decisions.keep.evidence.keep_rule``).
-        decision_mode: ``"sync"``, ``"async"`` or ``"audit"``.
+        settings: what it decides with (``SchedulerSettings``, the sweep config's ``scheduler:``,
+            checked there once): the metric (a loss: lower is better), the rungs (decision
+            fractions), reduction factor, margin, tolerance, decision mode (``mode``: ``"sync"``,
+            ``"async"`` or ``"audit"``), the keep rule and its knobs, ``min_points``. Default:
+            ``SchedulerSettings()``.
+        rule: a keep rule object (``hpo.decisions.keep.KeepRule``) to apply instead of the one
+            ``settings.rule`` names; ``rule.settings()`` is what the state file records.
         state_path: where ``scheduler_state.json`` is written after every rung decision (and,
             throttled, on results), the curves appended to ``scheduler_state.history.jsonl``
             beside it; None: nothing persisted. A path holding another experiment's state is
@@ -100,64 +97,53 @@ class CollapseScheduler(FIFOScheduler):
         on_early_answer: called with the early answer (``hpo.decisions.early_answer.compose_early_answer``),
             again only when a revision names another trial.
             Both callbacks must be picklable; what they raise is logged.
-        rule: the keep rule and its knobs (``hpo.decisions.keep.make_rule``): a name
-            (``"collapse"``, the default, ``"asha"``, ``"current-best"``, ``"top-k"``,
-            ``"paired-test"``), ``{"name": "collapse", "margin_z": 0.5}``, or a ``KeepRule``. Its
-            constructor checks its knobs; ``rule.settings()`` is recorded in the state file.
-        min_points: fewest history points up to the rung needed to predict; a trial with fewer
-            is kept and does not count towards ⌈n/rf⌉.
+        time_attr: the result key holding t̂.
         persist_interval_s: least time between two throttled writes on results.
 
     Raises:
-        ValueError: on an invalid argument, or when ``state_path`` holds a state written with
-            other rungs or another decision mode.
+        ValueError: on a predictor without ``predict_final``, or when ``state_path`` holds a state
+            written with other settings (rungs, decision mode, rule knobs, ...).
     """
 
     _supports_buffered_results = False  # a trial must not overshoot the rung it pauses at
 
     def __init__(
-        self, *, predictor: Any, metric: Optional[str] = None, mode: Optional[str] = None,
-        time_attr: str = "train_fraction", rungs: Sequence[float] = DEFAULT_RUNGS,
-        reduction_factor: float = 2, margin: Union[str, float] = "calibrated",
-        tolerance: Optional[float] = None, decision_mode: str = "sync",
-        state_path: Optional[Union[str, Path]] = None,
+        self, *, predictor: Any, settings: Optional[SchedulerSettings] = None, rule: Optional[KeepRule] = None,
+        state_path: Optional[Union[str, Path]] = None, resume: bool = False,
         on_early_answer: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_decision: Optional[Callable[[Dict[str, Any]], None]] = None,
-        min_points: int = DEFAULT_MIN_POINTS, persist_interval_s: float = 5.0, resume: bool = False,
-        rule: Union[str, Mapping[str, Any], KeepRule] = "collapse",
+        time_attr: str = "train_fraction", persist_interval_s: float = 5.0,
     ) -> None:
         super().__init__()
-        fractions = check_arguments(predictor=predictor, mode=mode, rungs=rungs, reduction_factor=reduction_factor,
-                                    decision_mode=decision_mode, min_points=min_points, margin=margin,
-                                    tolerance=tolerance)
-        self._metric, self._mode, self._time_attr = metric, mode, time_attr
-        self._rungs, self._decision_mode = fractions, decision_mode
-        self._judge = RungJudge(predictor, fractions, float(reduction_factor), margin,
-                                None if tolerance is None else float(tolerance), int(min_points), decision_mode,
-                                make_rule(rule))
+        if not callable(getattr(predictor, "predict_final", None)):
+            raise ValueError("predictor: must have a predict_final(t_hat, loss, controls) method")
+        settings = settings if settings is not None else SchedulerSettings()
+        if rule is not None:  # the rule object decides; the settings record its knobs
+            settings = settings.model_copy(update={"rule": rule.settings()})
+        # Ray's mode is always "min": the predicted finals are losses (set_search_properties refuses "max").
+        self._metric, self._mode, self._time_attr = settings.metric, "min", time_attr
+        self._rungs, self._decision_mode = tuple(settings.rungs), settings.mode
+        self._judge = RungJudge(predictor, settings, rule if rule is not None else settings.keep_rule())
         self._state_path = Path(state_path).resolve() if state_path is not None else None
         self._on_early_answer, self._on_decision = on_early_answer, on_decision
         self._deciding = False  # re-entrancy guard: stop_trial() calls back into this scheduler
         self._reader = ReportReader(time_attr)
         self._store = StateStore(self._state_path, persist_interval_s)
         self._queue = RunQueue()  # choose_trial_to_run's candidates (not persisted: Ray re-adds)
-        self._walk = RungWalk(len(fractions))
+        self._walk = RungWalk(len(self._rungs))
         self._restored = False  # set by a load: choose_trial_to_run ends trials stopped before it
         self._state = SchedulerState(settings=self._settings(), experiment_id=uuid.uuid4().hex,
-                                     rungs=[RungRecord(index=i, fraction=f) for i, f in enumerate(fractions)])
+                                     rungs=[RungRecord(index=i, fraction=f) for i, f in enumerate(self._rungs)])
         if self._store.check_start(resume):
             self._load_existing(adopt=True)
 
     # ------------------------------------------------------------------ settings (Ray: TuneConfig)
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec: Any) -> bool:
-        """Take ``TuneConfig(metric, mode)``; False if they conflict with the constructor's."""
-        if (self._metric and metric and metric != self._metric) or (self._mode and mode and mode != self._mode):
-            return False
+        """Take ``TuneConfig(metric, mode)``: False (Ray then refuses them) for another metric
+        than the settings'; ``mode="max"`` is refused with the reason."""
         check_mode(mode)
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
-        return True
+        return metric in (None, self._metric)
 
     @property
     def mode(self) -> Optional[str]:
@@ -186,7 +172,7 @@ class CollapseScheduler(FIFOScheduler):
         return self._state
 
     def _settings(self) -> dict[str, Any]:
-        return {"metric": self._metric, "mode": self._mode, "time_attr": self._time_attr, **self._judge.settings()}
+        return {"metric": self._metric, "mode": self._mode, "time_attr": self._time_attr, **self._judge.recorded_settings()}
 
     # ------------------------------------------------------------------ persistence (Ray keeps none)
 
@@ -197,8 +183,6 @@ class CollapseScheduler(FIFOScheduler):
             return
         state = self._store.load(self._settings(), None if adopt else self._state.experiment_id)
         self._restored = True
-        self._metric = self._metric or state.settings.get("metric")
-        self._mode = self._mode or state.settings.get("mode")
         state.settings = self._settings()
         self._state = state
         self._walk.reindex(state)
@@ -397,9 +381,6 @@ class CollapseScheduler(FIFOScheduler):
 
     def on_trial_add(self, tune_controller: "TuneController", trial: Trial) -> None:
         """Register a trial. Idempotent: restores and retries call it again for known trials."""
-        if not self._metric or not self._mode:
-            raise ValueError(f"{type(self).__name__} has no `metric` ({self._metric}) or `mode` "
-                             f"({self._mode}); pass them to the scheduler or to `tune.TuneConfig()`")
         self._guard(self._on_add, None, trial)
 
     def _on_add(self, trial: Trial) -> None:

@@ -1,5 +1,6 @@
-"""The report contract of :class:`hpo.decisions.scheduler.CollapseScheduler` (``docs/design.md``): what
-a trial's results must carry, checked as each one is read.
+"""What :class:`hpo.decisions.scheduler.CollapseScheduler` is given: its settings
+(:class:`SchedulerSettings`, checked once), and the report contract (``docs/design.md``): what a
+trial's results must carry, checked as each one is read.
 
 Every result carries the metric and the training fraction t̂ ∈ [0, 1] (``time_attr``); the
 controls τ and TPP (and the schedule, else its default, said once) come from the results or
@@ -12,15 +13,21 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from predictors.kinds import sweep_values
 from hpo.common.errors import InputError, announce, exit_2_on_uncaught
+from hpo.decisions.keep import KeepRule, make_rule
 from hpo.decisions.scheduler_records import TrialRecord
 from predictors.controls import Controls
 from predictors.curves import T_HAT_EPS
 from predictors.io import finite_or_none
+from predictors.prediction import DEFAULT_MIN_POINTS
+from predictors.run_keys import METRIC_COLUMNS
 from predictors.schedules import SCHEDULE_NAMES, Schedule
+from trainers.config import refuse_bool_number
 
 logger = logging.getLogger("hpo.decisions.scheduler")
 
@@ -84,7 +91,8 @@ class ReportReader:
         """Sync mode saw a trial begin again below the first rung after a pause."""
         self.warn_once("restart", "CollapseScheduler: trial %s restarted from t̂=%.3g after a pause: its trainable "
                        "does not restore checkpoints, so sync mode trains it twice up to each rung (use a class "
-                       "trainable with save/load_checkpoint, tune.get_checkpoint(), or decision_mode='async')",
+                       "trainable with save/load_checkpoint, tune.get_checkpoint(), or mode async: scheduler.mode, "
+                       "SchedulerSettings(mode='async'))",
                        trial_id, t)
 
     def read(self, rec: TrialRecord, result: Mapping[str, Any], metric: Optional[str]) -> Reading:
@@ -160,7 +168,6 @@ class ReportReader:
                                          f"{str(exc).strip(chr(39))}") from None
 
 
-DECISION_MODES = ("sync", "async", "audit")
 #: The default rungs: one at t̂ = 0.3, chosen leave-one-corpus-out with the collapse rule's
 #: margin_z (``benchmarks/decisions.py::select_default``; docs/decisions.md).
 DEFAULT_RUNGS = (0.3,)
@@ -177,8 +184,7 @@ def check_mode(mode: Optional[str]) -> None:
 def check_rungs(rungs: Any) -> list[float]:
     """The decision fractions as floats, or a ValueError saying what is wrong: at least one,
     each strictly inside (0, 1) (a rung at t̂ = 1 would decide after every trial finished,
-    saving nothing), strictly increasing. The one check of rungs: the sweep config and
-    ``CollapseScheduler`` both call it."""
+    saving nothing), strictly increasing (``SchedulerSettings.rungs``)."""
     try:
         fractions = [float(r) for r in rungs]
     except (TypeError, ValueError):
@@ -192,27 +198,107 @@ def check_rungs(rungs: Any) -> list[float]:
     return fractions
 
 
-def check_arguments(*, predictor: Any, mode: Optional[str], rungs: Any, reduction_factor: float,
-                    decision_mode: str, min_points: int, margin: Any,
-                    tolerance: Optional[float]) -> list[float]:
-    """``CollapseScheduler``'s arguments checked (a ValueError naming the first bad one); the
-    rung fractions as floats."""
-    if not callable(getattr(predictor, "predict_final", None)):
-        raise ValueError("predictor: must have a predict_final(t_hat, loss, controls) method")
-    check_mode(mode)
-    fractions = check_rungs(rungs)
-    if not (float(reduction_factor) > 1.0 and math.isfinite(float(reduction_factor))):
-        raise ValueError(f"reduction_factor: must be > 1, got {reduction_factor!r}")
-    if decision_mode not in DECISION_MODES:
-        raise ValueError(f"decision_mode: must be one of {DECISION_MODES}, got {decision_mode!r}")
-    if int(min_points) < 1:
-        raise ValueError(f"min_points: must be >= 1, got {min_points!r}")
-    if margin != "calibrated" and not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
-                                       and math.isfinite(margin) and margin >= 0):
-        raise ValueError(f"margin: must be 'calibrated' or a finite number >= 0, got {margin!r}")
-    if tolerance is not None and not (math.isfinite(float(tolerance)) and float(tolerance) >= 0):
-        raise ValueError(f"tolerance: must be a finite loss difference >= 0, got {tolerance!r}")
-    return fractions
+class SchedulerSettings(BaseModel):
+    """What ``CollapseScheduler`` decides with (the sweep config's ``scheduler:`` section): the
+    one check of these knobs, and the one object the scheduler takes (``rule``: its knobs
+    checked by the rule's constructor, ``hpo.decisions.keep.make_rule``)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error that names it
+
+    mode: Literal["sync", "async", "audit"] = "sync"
+    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # DEFAULT_RUNGS says why
+    reduction_factor: float = 2.0
+    # "calibrated" (default): the rule's own margin (collapse: rule.margin_z times the σ of the
+    # order calibration measured for this kind of sweep, at the rung); a number: a fixed margin
+    # in log units (0.02 ≈ 2%) on the predicted finals at every rung.
+    margin: Union[str, float] = "calibrated"
+    # How close two final losses must be to count as the same result, in loss units (None:
+    # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
+    # the top ceil(n/rf) only if it could still end better than the best by more than this.
+    tolerance: Optional[float] = Field(None, ge=0)
+    # The loss the scheduler aligns and ranks on (predictors.run_keys.METRIC_COLUMNS): "loss",
+    # the smoothed training loss; "val_loss", the loss on the trainer's fixed held-out windows,
+    # evaluated at every report (trainer.eval_every defaults to log_every then). The predictor
+    # must have been fitted on the same metric (hpo calibrate's metric).
+    metric: Literal["loss", "val_loss"] = "loss"
+    # The keep rule and its knobs (hpo.decisions.keep): a name, or {name: collapse, margin_z: 0.5};
+    # "collapse" (default), or a baseline to compare against on the same sweep: "asha",
+    # "current-best", "top-k" ({name: top-k, k: 2}), "paired-test" (experimental). Stored as
+    # the rule's full settings (KeepRule.settings: every knob, defaults included).
+    rule: dict[str, Any] = Field(default_factory=lambda: make_rule("collapse").settings())
+    # Fewest history points up to a rung needed to predict there; a trial with fewer is kept and
+    # does not count towards ceil(n/rf).
+    min_points: int = Field(DEFAULT_MIN_POINTS, ge=1)
+    # Rank by the predicted finals even 30x or more beyond the predictor's calibrated model sizes
+    # (predictors.predictor.OFF_SCALE_SIZE_RATIO); by default such a sweep ranks by its losses.
+    trust_off_scale: bool = False
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse_bool_number(cls, value, info)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _margin_z_goes_with_the_rule(cls, data: Any) -> Any:
+        # scheduler.margin_z (configs written before the rule took its knobs): the collapse
+        # rule's knob, moved where it lives.
+        if isinstance(data, dict) and "margin_z" in data:
+            data = dict(data)
+            z = data.pop("margin_z")
+            rule = data.get("rule", "collapse")
+            rule = {"name": rule} if isinstance(rule, str) else dict(rule)
+            if rule.get("name", "collapse") != "collapse":
+                raise ValueError(f"margin_z is the collapse rule's knob, not {rule.get('name')!r}'s")
+            data["rule"] = {"name": "collapse", **rule, "margin_z": z}
+        return data
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _rule(cls, value: Any) -> Any:
+        # The rule's constructor is the one check of its knobs.
+        if not isinstance(value, (str, dict)):
+            raise ValueError(f"give a rule name or {{name: ..., knob: ...}}, got {value!r}")
+        try:
+            return make_rule(value).settings()
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("scheduler.rule: ")) from None
+
+    @field_validator("rungs")
+    @classmethod
+    def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
+        try:  # check_rungs's message without its "rungs: " prefix, which the field name gives
+            return check_rungs(rungs)
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("rungs: ")) from None
+
+    @field_validator("reduction_factor")
+    @classmethod
+    def _rf(cls, value: float) -> float:
+        if not (value > 1.0 and math.isfinite(value)):
+            raise ValueError("must be > 1")
+        return value
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _metric(cls, value: Any) -> Any:
+        if value in METRIC_COLUMNS:
+            return value
+        raise ValueError(f"must be one of {', '.join(METRIC_COLUMNS)} (the smoothed training loss, the validation "
+                         f"loss), got {value!r}")
+
+    @field_validator("margin", mode="before")
+    @classmethod
+    def _margin(cls, value: Any) -> Any:
+        if value == "calibrated":
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return float(value)
+        raise ValueError(f"must be 'calibrated' or a finite number >= 0 (a log margin, 0.02 ≈ 2%), got {value!r}")
+
+    def keep_rule(self) -> KeepRule:
+        """The rule object these settings name (built by its constructor, which checked them)."""
+        return make_rule(self.rule)
 
 
 # ---------------------------------------------------------------------- failures in Ray's hooks

@@ -10,13 +10,14 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from predictors.curves import rung_cut
 from predictors.prediction import predict_at_rungs
 from hpo.decisions.keep import Candidate, KeepRule, RungEvidence, TrialEvidence, gather
+from hpo.decisions.scheduler_contract import SchedulerSettings
 from hpo.decisions.scheduler_records import RungDecision, RungEntry, RungRecord, TrialRecord, TrialStatus
 
 logger = logging.getLogger("hpo.decisions.scheduler")
@@ -24,16 +25,11 @@ logger = logging.getLogger("hpo.decisions.scheduler")
 
 @dataclass
 class RungJudge:
-    """The scheduler's settings that the rules need (see ``CollapseScheduler``'s arguments) and
-    the keep rule it applies (``hpo.decisions.keep``)."""
+    """The scheduler's predictor, its settings (``SchedulerSettings``) and the keep rule it
+    applies (``hpo.decisions.keep``)."""
 
     predictor: Any
-    rungs: Sequence[float]
-    reduction_factor: float
-    margin: Union[str, float]
-    tolerance: Optional[float]
-    min_points: int
-    decision_mode: str
+    settings: SchedulerSettings
     rule: KeepRule
     strict: bool = False  # tests: a failed prediction raises instead of keeping the trial
 
@@ -49,21 +45,22 @@ class RungJudge:
         is read, so the calibrated error is not computed."""
         todo = [rec for rec in recs if rec.trial_id not in self._half_first and rec.history]
         preds = predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in todo],
-                                       [rec.controls for rec in todo], self.rungs[0] / 2, self.min_points,
+                                       [rec.controls for rec in todo], self.settings.rungs[0] / 2, self.settings.min_points,
                                        calibrated_error=False)
         for rec, half in zip(todo, preds):
             self._half_first[rec.trial_id] = (Candidate(rec.trial_id, half.final_loss, half.loss)
                                               if half.final_loss else None)
 
-    def settings(self) -> dict[str, Any]:
+    def recorded_settings(self) -> dict[str, Any]:
         """These settings as the state file records them (in its order); ``rule``: the rule's
         name and knobs (``KeepRule.settings``)."""
-        return {"rungs": list(self.rungs), "reduction_factor": self.reduction_factor, "margin": self.margin,
-                "tolerance": self.tolerance, "decision_mode": self.decision_mode, "min_points": self.min_points,
+        s = self.settings
+        return {"rungs": list(s.rungs), "reduction_factor": s.reduction_factor, "margin": s.margin,
+                "tolerance": s.tolerance, "decision_mode": s.mode, "min_points": s.min_points,
                 "rule": self.rule.settings()}
 
     def is_last(self, r: int) -> bool:
-        return r == len(self.rungs) - 1
+        return r == len(self.settings.rungs) - 1
 
     def margin_text(self, rung: RungRecord, short: bool = False) -> str:
         """The keep-margin ``rung`` was decided with, in words (none yet: says so)."""
@@ -84,7 +81,7 @@ class RungJudge:
         """:meth:`entry` for many trials at rung ``r``, predicted in one batch
         (``predictors.prediction.predict_at_rungs``)."""
         preds = predict_at_rungs(self.predictor, [tuple(zip(*rec.history)) for rec in recs],
-                                       [rec.controls for rec in recs], self.rungs[r], self.min_points)
+                                       [rec.controls for rec in recs], self.settings.rungs[r], self.settings.min_points)
         out = []
         for rec, pred in zip(recs, preds):
             if pred.why.startswith("predictor failed"):
@@ -92,7 +89,7 @@ class RungJudge:
                 if self.strict:
                     raise RuntimeError(pred.why)
             if pred.final_loss is not None:
-                rec.latest_prediction = {"rung": self.rungs[r], "train_fraction": pred.train_fraction,
+                rec.latest_prediction = {"rung": self.settings.rungs[r], "train_fraction": pred.train_fraction,
                                          "final_loss": pred.final_loss, "uncertainty": pred.uncertainty}
             out.append(RungEntry(trial_id=rec.trial_id, train_fraction=float(pred.train_fraction or rec.history[-1][0]),
                                  smoothed_loss=pred.loss, n_points=pred.n_points,
@@ -104,14 +101,14 @@ class RungJudge:
     def waiting_entry(self, rec: TrialRecord, r: int) -> RungEntry:
         """A trial waiting at rung ``r`` of a sync sweep: the point it reached the rung at, not yet
         predicted; the rung's decision predicts every waiting trial in one batch (``decide``)."""
-        cut = rung_cut(np.fromiter((p[0] for p in rec.history), np.float64, len(rec.history)), self.rungs[r])
+        cut = rung_cut(np.fromiter((p[0] for p in rec.history), np.float64, len(rec.history)), self.settings.rungs[r])
         n = cut if cut is not None else len(rec.history)
         t, loss = rec.history[n - 1]
         return RungEntry(trial_id=rec.trial_id, train_fraction=float(t), smoothed_loss=float(loss), n_points=n,
                          reason="waiting for the rung to be decided")
 
     def verdict(self, r: int, keep: bool, rec: TrialRecord) -> RungDecision:
-        return RungDecision.verdict(keep, audit=self.decision_mode == "audit", last=self.is_last(r),
+        return RungDecision.verdict(keep, audit=self.settings.mode == "audit", last=self.is_last(r),
                                     completed=rec.status == TrialStatus.COMPLETED)
 
     def evidence(self, r: int, entries: Sequence[RungEntry], trials: Mapping[str, TrialRecord],
@@ -135,9 +132,10 @@ class RungJudge:
             # The points up to the rung's (t̂ increases along a history): a bisection, not a walk.
             history = tuple(points[:bisect.bisect_right(points, e.train_fraction + 1e-12, key=lambda p: p[0])])
             out.append(TrialEvidence(e.candidate(), prior, e.residual, history))
-        return gather(self.predictor, self.rungs[r], out, [rec.sweep_values for rec in recs],
+        st = self.settings
+        return gather(self.predictor, st.rungs[r], out, [rec.sweep_values for rec in recs],
                       [rec.controls for rec in recs if rec.controls is not None], last=self.is_last(r),
-                      reduction_factor=self.reduction_factor, margin=self.margin, tolerance=self.tolerance)
+                      reduction_factor=st.reduction_factor, margin=st.margin, tolerance=st.tolerance)
 
     def judge_arrival(self, rung: RungRecord, entry: RungEntry, rec: TrialRecord,
                       trials: Mapping[str, TrialRecord], now: str, compute: float,
@@ -151,7 +149,7 @@ class RungJudge:
         keep = rec.trial_id in decision.kept
         entry.decision = self.verdict(r, keep, rec)
         against = f" (against {len(decision.ranked) - 1} recorded)" if decision.n_keep else ""
-        entry.reason = ("late arrival: " if self.decision_mode != "async" else "") + \
+        entry.reason = ("late arrival: " if self.settings.mode != "async" else "") + \
             decision.reason(rec.trial_id) + against
         entry.late, entry.decided_at, entry.compute_fraction = True, now, compute
         rung.record(decision, ev.kind, trials, arrival=rec.trial_id)
@@ -177,12 +175,12 @@ class RungJudge:
             rec = trials[e.trial_id]
             keep = e.trial_id in kept
             e.decision = self.verdict(r, keep, rec)
-            reason = decision.reason(e.trial_id)
+            reason = decision.reason(e.trial_id, derivation=False)  # the rung's margin_source has it
             if e.predicted_final_loss is None:
                 reason = f"{e.reason}; kept" if e.reason else reason
             e.reason = reason + ("; already completed" if e.decision == RungDecision.COMPLETED else "")
             e.decided_at, e.compute_fraction = now, compute
-            if not keep and self.decision_mode == "audit":
+            if not keep and self.settings.mode == "audit":
                 rec.would_stop_at = rung.fraction
             elif not keep and rec.status != TrialStatus.COMPLETED:
                 to_stop.append(rec)

@@ -21,7 +21,7 @@ import numpy as np
 from hpo.common.errors import InputError
 from predictors import Predictor
 from predictors.curves import Curve, controls_with_size
-from predictors.monitor import MonitorResult, NoiseBand, monitor_curve, pair_changes, scaled_band
+from predictors.monitor import MonitorResult, NoiseBand, monitor_curve, pair_changes, pair_contrasts, scaled_band
 from predictors.references import ReferenceCurves
 
 
@@ -47,7 +47,8 @@ class ReferenceBands:
     controls and different seeds), or its predictor-mode band where it has none. ``measured``:
     that band's shape rescaled to the spread of the user's own reference runs (every pair of
     them with the same controls, N included, one judged against the other:
-    ``predictors.monitor.scaled_band``), or None when no two reference runs share controls.
+    ``predictors.monitor.scaled_band``, its h raised for the few runs the spread is measured on),
+    or None when no two reference runs share controls.
     A run whose controls ≥ 2 reference runs match is judged with ``measured``, others with
     ``stored``."""
 
@@ -61,8 +62,9 @@ class ReferenceBands:
         changes = pair_changes(runs, rule=stored.rule, window=stored.window)
         measured = None
         if changes.shape[0]:
-            measured = scaled_band(stored, changes, source=f"{changes.shape[0]} ordered pair(s) of the reference runs "
-                                                           f"(spread scaled onto: {stored.source or 'the stored band'})")
+            measured = scaled_band(stored, changes, contrasts=pair_contrasts(runs),
+                                   source=f"{changes.shape[0]} ordered pair(s) of the reference runs "
+                                          f"(spread scaled onto: {stored.source or 'the stored band'})")
         return cls(stored, measured, references)
 
     def for_run(self, controls: Any) -> tuple[NoiseBand, str]:

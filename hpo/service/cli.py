@@ -10,6 +10,7 @@ Ray and torch are imported inside the commands that need them, after validation.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -39,12 +40,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(format_validation_error(exc, args.config)) from None
     output = check_output_dir(args.output if args.output is not None else f"runs/train/{Path(args.config).stem}",
                               "--output")
+    _check_train_memory(config, args.config)
     try:
         summary = run_to_directory(config, output, progress=not args.quiet)
     except DataError as exc:  # raised while building the run, before anything is written
         raise ConfigError(f"{args.config}: {exc}") from None
     print(f"status: {summary.get('status')}; wrote {output.resolve()}")
     return 0 if summary.get("status") != "diverged" else 1
+
+
+def _check_train_memory(config: Any, source: str) -> None:
+    """``hpo train``: the run's estimated peak memory (``trainers.memory``) must fit this machine."""
+    from trainers.corpus import training_tokens
+    from trainers.memory import estimate_train_memory, machine_memory_mb
+
+    try:
+        data_tokens = training_tokens(config.data.model_dump())
+    except Exception:  # noqa: BLE001 - the run's own data loading names a corpus problem
+        data_tokens = 0
+    estimate, machine = estimate_train_memory(config, data_tokens), machine_memory_mb()
+    if estimate.total_mb > machine:
+        raise ConfigError(f"{source}: batch_size: {config.batch_size:,} tokens a step ({config.micro_batch_tokens:,} a "
+                          f"forward pass): the run needs {estimate.describe()}, above this machine's "
+                          f"{machine:,.0f} MB; lower batch_size or set micro_batch_size (gradients are accumulated)")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -55,7 +73,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.audit:
         overrides.append("scheduler.mode=audit")
     if args.output is not None:  # quoted: `--output ""` stays an empty path (refused), not null (the default)
-        overrides.append(f"output_dir={json.dumps(args.output)}")
+        overrides.append(f"output_dir={json.dumps(args.output, ensure_ascii=False)}")
     config = load_sweep_config(sweep_config_path(args.config), overrides=tuple(overrides))
     # run_sweep checks everything that can fail without writing (hpo.service.sweep.preflight_sweep)
     # before it imports Ray or MLflow or writes a file.
@@ -89,6 +107,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     directory = Path(args.output_dir)
     if not (directory / "scheduler_state.json").exists():
         raise ConfigError(f"{directory}: not a sweep output directory (no scheduler_state.json)")
+    check_output_dir(directory / "report", "report folder")  # a file in its place, an unwritable sweep folder
     report = write_report(directory)
     print_report(report)
     from hpo.service.sweep import upload_pending
@@ -119,6 +138,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             raise ConfigError("--from-curves, --from-mlflow and --from-logs: give one of them")
         label = (Path(args.from_curves).stem if args.from_curves else Path(args.from_logs).resolve().name
                  if args.from_logs else f"mlflow_{args.from_mlflow}")
+        if args.from_logs and not args.config and not any(o.startswith("fit.t_min=") for o in overrides):
+            # Training logs are evaluated every few hundred steps: a short run's first point can
+            # come after 5% of training. The fit starts at the scheduler's earliest rung instead.
+            overrides = ("fit.t_min=0.1",) + overrides
         config = user_curves_config(label, args.config, overrides)
         try:
             check_safe_name(config.name)
@@ -532,6 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: errno values of a full or read-only disk, said in one line instead of a traceback.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from hpo.decisions.scheduler_state import StateFileError
@@ -541,6 +568,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (InputError, StateFileError) as exc:  # ConfigError, TrackingUriError, CurveBankError, ...
         print(f"error: {strip_credentials(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            print(strip_credentials(traceback.format_exc()), file=sys.stderr, end="")
+            return 1
+        # A disk that filled (or turned read-only) mid-command: what was written is consistent
+        # (atomic writes), so a sweep continues with `hpo resume` once there is room.
+        where = exc.filename or getattr(args, "output_dir", None) or "the output folder"
+        print(f"error: {where}: {exc.strerror or exc}; free space (or make it writable) and run the command "
+              "again (`hpo resume DIR` for a sweep)", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - a bug or an outside failure: the traceback, without passwords
         error = input_error_behind(exc)
         if error is not None:  # raised in Ray Tune's loop (a report-contract error), wrapped by Ray

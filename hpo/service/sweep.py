@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -85,6 +86,8 @@ def _trainable(config: SweepConfig) -> Any:
     from hpo.trials.trainable import CollapseTrainable
 
     resources = {"cpu": config.resources.cpu, "gpu": config.resources.gpu}
+    if config.resources.memory_mb is not None:  # Ray places a trial only where this much is free
+        resources["memory"] = int(config.resources.memory_mb * 2**20)
     return tune.with_resources(
         tune.with_parameters(CollapseTrainable, base_trainer=_base_trainer(config),
                              experiment_dir=str(experiment_dir(config))),
@@ -107,6 +110,16 @@ def _init_ray(config: SweepConfig, address: Optional[str], tracking_uri: str) ->
                  runtime_env={"env_vars": env}, log_to_driver=False)
 
 
+def start_ray_then_credentials(config: SweepConfig, address: Optional[str]) -> str:
+    """Start (or join) Ray, then hand the tracking URI's credentials to MLflow; returns the URI
+    without them. In this order because Ray's processes (GCS, raylet, agents, and the workers
+    the raylet starts later) copy this process's environment when they start: credentials put
+    there first (MLflow reads them from MLFLOW_TRACKING_USERNAME / _PASSWORD) were in every
+    Ray process's /proc/<pid>/environ. Ray gets the URI stripped."""
+    _init_ray(config, address, strip_credentials(config.tracking_uri()))
+    return use_credentials(config.tracking_uri())
+
+
 def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predictor: Any,
                     resume: bool = False, on_decision: Any = None) -> Any:
     """The sweep's CollapseScheduler on ``predictor`` (the sweep's copy, loaded once by
@@ -115,21 +128,9 @@ def build_scheduler(config: SweepConfig, output: Path, early_answer: Any, predic
     ``on_decision`` gets every rung decision the moment it is made (printed and published on MLflow)."""
     from hpo.decisions.scheduler import CollapseScheduler
 
-    return CollapseScheduler(
-        predictor=predictor,
-        metric=config.scheduler.metric,
-        mode="min",
-        rungs=tuple(config.scheduler.rungs),
-        reduction_factor=config.scheduler.reduction_factor,
-        margin=config.scheduler.margin,
-        tolerance=config.scheduler.tolerance,
-        decision_mode=config.scheduler.mode,
-        rule=config.scheduler.rule,
-        state_path=output / STATE_FILE,
-        on_early_answer=early_answer,
-        on_decision=on_decision,
-        resume=resume and (output / STATE_FILE).exists(),
-    )
+    return CollapseScheduler(predictor=predictor, settings=config.scheduler, state_path=output / STATE_FILE,
+                             on_early_answer=early_answer, on_decision=on_decision,
+                             resume=resume and (output / STATE_FILE).exists())
 
 
 def predictor_line(config: SweepConfig, predictor: Any) -> str:
@@ -170,6 +171,13 @@ def check_predictor(path: Path, field: str = "predictor", metric: Optional[str] 
 
 def _check_tracking(config: SweepConfig) -> None:
     uri = config.mlflow.tracking_uri
+    if not uri:  # the sweep's own store in its output folder: where it exists, SQLite must open it
+        own = config.output_path() / "mlflow.db"
+        if own.is_file():
+            try:
+                check_tracking_uri(config.tracking_uri(), "output_dir")
+            except TrackingUriError as exc:
+                raise ConfigError(str(exc)) from None
     if uri:
         try:
             check_tracking_uri(uri, "mlflow.tracking_uri")
@@ -292,6 +300,10 @@ def preflight_resume(output_dir: str | Path) -> tuple[SweepConfig, Path, Path]:
             raise ConfigError(f"{config_path}: scheduler.rule is {rule_words(config.scheduler.rule)}, but the "
                               f"decisions in {STATE_FILE} were made with {rule_words(recorded)}; resume with the "
                               "rule it was started with, or start afresh into another output_dir")
+    for written in (output / STATE_FILE, output / "mlflow.db", output / CONFIG_FILE):
+        if written.exists() and not os.access(written, os.W_OK):  # immutable, or another user's
+            raise ConfigError(f"{written}: not writable; the resumed sweep writes it (make it writable, "
+                              "or copy the folder and resume the copy)")
     _check_tracking(config)
     return config, output, created_in
 
@@ -364,9 +376,6 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     from hpo.trials.trainable import short_trial_dirname
     from predictors import Predictor
 
-    # Credentials of an http(s) URI go to MLflow's environment variables of this process;
-    # from here on only the stripped URI exists.
-    tracking_uri = use_credentials(config.tracking_uri())
     # The sweep prints where its records are once, at start and in the summary; MLflow's own
     # "View run ... at" line for every run it ends (an http server) would bury the rung lines.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -375,7 +384,11 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
     # seconds on short trials. Ray's "excessive sync" warning about it is noise here; its
     # warning for a *slow* snapshot (TUNE_WARN_SLOW_..., 30 s) stays on.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    _init_ray(config, address, tracking_uri)
+    tracking_uri = start_ray_then_credentials(config, address)
+    # After ray.init, which installs a SIGTERM handler that aborts the driver mid-run.
+    from hpo.service.stop_signal import DeferredStop, stop_like_ctrl_c
+
+    stop_like_ctrl_c(f"continue it with `hpo resume {output}`")
     if restore:
         _relocate(config, output, created_in or output)
     else:
@@ -437,7 +450,7 @@ def _execute(config: SweepConfig, output: Path, address: Optional[str], restore:
             metric=config.scheduler.metric, mode="min",
             scheduler=scheduler, search_alg=search_alg,  # the search algorithm holds the concurrency limit
             reuse_actors=True, verbose=0,
-            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs],
+            callbacks=[mlflow_cb, progress, slot_use, *monitor_cbs, DeferredStop()],
             raise_on_failed_trial=False,
             resume_config=(ResumeConfig(unfinished=ResumeConfig.ResumeType.RESUME,
                                         errored=ResumeConfig.ResumeType.RESUME) if restore else None),
@@ -531,12 +544,17 @@ def _close(output: Path, analysis: Any, scheduler: Any, tracker: Any, predictor:
     state = _state(output)
     # Ctrl-C: Ray Tune saves and ends the run, and may mark the unfinished trials TERMINATED;
     # a trial the scheduler has neither finished, stopped nor seen fail tells it apart.
-    interrupted = (any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+    from hpo.service.stop_signal import stop_requested
+
+    interrupted = (stop_requested() or any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
                    or any(t.get("status") not in TERMINAL_STATUSES for t in state.get("trials", {}).values()))
     for trial_id, trial in state.get("trials", {}).items():
+        # A trial still going when the sweep was stopped is KILLED (what `hpo stop` marks it),
+        # not FAILED nor FINISHED: `hpo resume` continues it.
+        ended = ("FAILED" if trial.get("status") == TrialStatus.ERROR else
+                 "FINISHED" if trial.get("status") in TERMINAL_STATUSES else "KILLED")
         try:
-            tracker.close_child(trial_id, verdict_from_state(trial),
-                                "FAILED" if trial.get("status") == TrialStatus.ERROR else "FINISHED")
+            tracker.close_child(trial_id, verdict_from_state(trial), ended)
         except Exception:  # noqa: BLE001 - a tracking hiccup must not lose the report
             pass
     with contextlib.suppress(Exception):  # the answer and the rung table on the parent run's page
@@ -637,12 +655,91 @@ def check_data(config: SweepConfig) -> Optional[str]:
                             f"data.corpus {trial.data.corpus!r} is read as bytes (V = 256)")
         available = training_tokens(trial.data.model_dump())
     except (DataError, OSError) as exc:
-        raise ConfigError(f"{config.name}: trainer.{exc}" if isinstance(exc, DataError) else
+        said = isinstance(exc, DataError) or str(exc).startswith("data.")  # the message names its field
+        raise ConfigError(f"{config.name}: trainer.{exc}" if said else
                           f"{config.name}: trainer.data.corpus: {exc}") from None
     longest = max(run_controls(TrainConfig.model_validate(t)).total_tokens for t in _trial_extremes(config))
     from trainers.data import repeated_data_warning
 
     return repeated_data_warning(longest, available, trial.data.corpus)
+
+
+def check_memory(config: SweepConfig, local: bool) -> None:
+    """Every trial's estimated peak memory (``trainers.memory``: batch, sequence, model, optimizer
+    state, data) must fit what it gets: ``resources.memory_mb`` where set, else (this machine's
+    own Ray, ``local``) its share of this machine, the memory over the trials that run at once.
+    One line naming the value and the estimate otherwise, before Ray starts."""
+    from trainers.config import TrainConfig
+    from trainers.corpus import TOKEN_DTYPES, token_dataset_dir, training_tokens
+    from trainers.memory import estimate_train_memory, machine_memory_mb
+
+    trial_mb = config.resources.memory_mb
+    where = f"resources.memory_mb {trial_mb:,.0f} MB" if trial_mb is not None else ""
+    if trial_mb is None:
+        if not local:
+            return  # a cluster's nodes are not this machine; resources.memory_mb says what a trial gets
+        machine = machine_memory_mb()
+        cpus = config.ray.num_cpus or os.cpu_count() or 1
+        at_once = int(cpus // max(config.resources.cpu, 1e-9)) or 1
+        if all(d.grid is not None for d in config.search_space.values()):  # a grid: no more than its trials
+            at_once = min(at_once, config.num_samples * math.prod(len(d.grid or ()) for d in config.search_space.values()))
+        trial_mb = machine / at_once
+        where = (f"a trial's share of this machine's memory, {trial_mb:,.0f} MB ({machine:,.0f} MB over "
+                 f"{at_once} trial(s) at once)")
+    base = TrainConfig.model_validate(_base_trainer(config))
+    try:
+        data_tokens = training_tokens(base.data.model_dump())
+    except Exception:  # noqa: BLE001 - check_data names a corpus problem
+        data_tokens = 0
+    token_bytes = 1 if token_dataset_dir(base.data.corpus) is None else TOKEN_DTYPES[base.data.token_dtype]().itemsize
+    names = list(config.search_space)
+    for values, trial in zip(_search_corners(config), _trial_extremes(config)):
+        trainer = TrainConfig.model_validate(trial)
+        estimate = estimate_train_memory(trainer, data_tokens, token_bytes)
+        if estimate.total_mb > trial_mb:
+            searched = ", ".join(f"{n}={int(v)}" if float(v).is_integer() else f"{n}={v:g}" for n, v in zip(names, values))
+            raise ConfigError(
+                f"{config.name}: trainer.batch_size: {trainer.batch_size:,} tokens a step "
+                f"({trainer.micro_batch_tokens:,} a forward pass) in trial {searched}: one trial needs "
+                f"{estimate.describe()}, above {where}; lower batch_size, set trainer.micro_batch_size "
+                "(gradients are accumulated), or run fewer trials at once (ray.num_cpus, resources.cpu)")
+
+
+#: Disk a sweep needs besides its checkpoints (MB): the MLflow store, Ray's experiment state,
+#: logs and the report with its plots.
+DISK_BASE_MB = 64.0
+#: Checkpoints a trial keeps on disk at once: Ray's num_to_keep (2) and a rung's pause checkpoint.
+CHECKPOINTS_PER_TRIAL = 3
+
+
+def check_disk_space(config: SweepConfig, output: Path) -> None:
+    """The output folder's filesystem must have room for the sweep's checkpoints (every trial
+    keeps :data:`CHECKPOINTS_PER_TRIAL` of its weights and AdamW moments) and records: one line
+    naming the folder, the space free and the space needed, before Ray starts (a full disk met
+    mid-sweep was 1,177 lines of tracebacks from Ray, the state save and MLflow)."""
+    import shutil
+
+    from trainers.config import TrainConfig
+
+    existing = next(p for p in (output, *output.parents) if p.exists())
+    free_mb = shutil.disk_usage(existing).free / 2**20
+    grid = all(d.grid is not None for d in config.search_space.values())
+    trials = config.num_samples * (math.prod(len(d.grid or ()) for d in config.search_space.values()) if grid else 1)
+    model = TrainConfig.model_validate(_base_trainer(config)).model
+    checkpoint_mb = (model.n_params + model.n_embedding_params) * 12 / 2**20 + 1.0  # fp32 weights, 2 moments, history
+    need_mb = DISK_BASE_MB + trials * CHECKPOINTS_PER_TRIAL * checkpoint_mb
+    if free_mb < need_mb:
+        raise ConfigError(f"output_dir: {output}: {free_mb:,.1f} MB free on its filesystem ({existing}), the sweep "
+                          f"needs about {need_mb:,.0f} MB ({trials:,} trial(s) x {CHECKPOINTS_PER_TRIAL} checkpoints of "
+                          f"{checkpoint_mb:,.1f} MB, and {DISK_BASE_MB:.0f} MB of records); free space or choose "
+                          "another output_dir")
+
+
+def _search_corners(config: SweepConfig) -> list[tuple[float, ...]]:
+    """The searched values of each trial of :func:`_trial_extremes`, in the same order."""
+    import itertools
+
+    return list(itertools.product(*(config.search_space[n].extremes() for n in config.search_space)))
 
 
 def check_device(config: SweepConfig) -> None:
@@ -694,6 +791,8 @@ def run_sweep(config: SweepConfig, address: Optional[str] = None) -> dict[str, A
     if address is None:
         check_device(config)
     warning = check_data(config)
+    check_memory(config, local=not (address or config.ray.address or os.environ.get("RAY_ADDRESS")))
+    check_disk_space(config, output)
     if warning:
         print(f"{warning} in the longest trial of sweep {config.name}", flush=True)
     with hold_folder(output, "hpo sweep"):
@@ -705,6 +804,7 @@ def resume_sweep(output_dir: str | Path, address: Optional[str] = None) -> dict[
     """``hpo resume``: checks, then the resumed sweep under the output folder's lock."""
     config, output, created_in = preflight_resume(output_dir)
     check_ray_address(config, address)
+    check_disk_space(config, output)
     with hold_folder(output, "hpo resume"):
         config, output, created_in = preflight_resume(output_dir)
         return _execute(config, output, address, restore=True, created_in=created_in)

@@ -133,6 +133,8 @@ def check_tracking_uri(uri: str, field: str = "mlflow.tracking_uri", *, must_exi
         _check_local(path, field, shown, what="database", must_exist=must_exist)
         if must_exist:
             check_mlflow_database(path, field, shown)
+        elif path.is_file() and path.stat().st_size > 0:
+            check_sqlite_file(path, field, shown)
     elif scheme in ("", "file"):
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("1", "true", "yes"):
             # MLflow 3 refuses its file store (maintenance mode) when first used: after Ray started.
@@ -190,6 +192,19 @@ def check_mlflow_database(path: Path, field: str, shown: str) -> None:
     if missing:
         raise TrackingUriError(f"{field}: {shown}: {path} is not an MLflow store (no table "
                                f"{', '.join(sorted(missing))}); nothing was changed in it")
+
+
+def check_sqlite_file(path: Path, field: str, shown: str) -> None:
+    """Refuse an existing file that SQLite cannot open as a database (a corrupt or foreign
+    file): MLflow would fail on it with a long traceback once Ray had started."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
+            db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.DatabaseError as exc:  # OperationalError too: unreadable, locked by a broken journal
+        raise TrackingUriError(f"{field}: {shown}: {path} is not a usable SQLite database ({exc}); "
+                               "move it away, or give another store") from None
 
 
 def is_relative_sqlite(uri: str) -> bool:

@@ -97,8 +97,8 @@ def settings(predictor: Predictor, quick: bool = False) -> list[Setting]:
     default = SchedulerSettings()
 
     def scheduler(rule: Any, rungs: Sequence[float], rf: float = 2.0) -> Callable[[], Any]:
-        return lambda: CollapseScheduler(predictor=predictor, metric="loss", mode="min", rungs=tuple(rungs),
-                                         reduction_factor=rf, margin="calibrated", decision_mode="sync", rule=rule)
+        return lambda: CollapseScheduler(predictor=predictor, settings=SchedulerSettings(
+            rungs=list(rungs), reduction_factor=rf, margin="calibrated", mode="sync"), rule=rule)
 
     out: list[Setting] = []
     rung_sets = [(0.1,), (0.2,), (0.3,), (0.05, 0.1, 0.2), (0.1, 0.2), (0.1, 0.2, 0.3), (0.1, 0.3, 0.5),

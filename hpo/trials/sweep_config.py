@@ -26,11 +26,10 @@ from hpo.common.overrides import (
     format_validation_error,
     read_yaml,
 )
-from hpo.decisions.keep import make_rule
-from hpo.decisions.scheduler_contract import DEFAULT_RUNGS, check_rungs
+# The scheduler's settings live with the scheduler (one check of them); the sweep config holds them.
+from hpo.decisions.scheduler_contract import SchedulerSettings
 from predictors.equations import power_lines_tau
-from predictors.run_keys import METRIC_COLUMNS
-from trainers.config import TrainConfig, refuse_bool_number
+from trainers.config import TrainConfig, refuse_bool_number, run_controls
 
 #: MLflow's longest experiment name (its server refuses longer ones with an MlflowException).
 MAX_EXPERIMENT_NAME = 500
@@ -84,6 +83,10 @@ class Dimension(_Strict):
         values = self.grid if self.grid is not None else self.choice
         if values is not None and len(values) == 0:
             raise ValueError(f"{given[0]} must list at least one value")
+        repeated = sorted({v for v in (values or []) if (values or []).count(v) > 1})
+        if repeated:  # the same trial trained twice, or a choice weighted without a word
+            raise ValueError(f"{given[0]} lists {', '.join(f'{v:g}' for v in repeated)} more than once; "
+                             "give each value once (num_samples repeats a whole grid)")
         if self.loguniform is not None:
             low, high = self.loguniform
             if not (0 < low < high) or not math.isfinite(high):
@@ -93,95 +96,6 @@ class Dimension(_Strict):
     def extremes(self) -> list[float]:
         """The values to validate against the trainer config before anything runs."""
         return list(self.grid or self.choice or self.loguniform or [])
-
-
-class SchedulerSettings(_Strict):
-    """CollapseScheduler settings (see ``hpo.decisions.scheduler``)."""
-
-    mode: Literal["sync", "async", "audit"] = "sync"
-    rungs: list[float] = Field(default_factory=lambda: list(DEFAULT_RUNGS))  # scheduler_contract says why
-    reduction_factor: float = 2.0
-    # "calibrated" (default): the rule's own margin (collapse: rule.margin_z times the σ of the
-    # order calibration measured for this kind of sweep, at the rung); a number: a fixed margin
-    # in log units (0.02 ≈ 2%) on the predicted finals at every rung.
-    margin: Union[str, float] = "calibrated"
-    # How close two final losses must be to count as the same result, in loss units (None:
-    # the seed noise hpo calibrate measured, stored in the predictor). A trial is kept past
-    # the top ceil(n/rf) only if it could still end better than the best by more than this.
-    tolerance: Optional[float] = Field(None, ge=0)
-    # The loss the scheduler aligns and ranks on (predictors.run_keys.METRIC_COLUMNS): "loss",
-    # the smoothed training loss; "val_loss", the loss on the trainer's fixed held-out windows,
-    # evaluated at every report (trainer.eval_every defaults to log_every then). The predictor
-    # must have been fitted on the same metric (hpo calibrate's metric).
-    metric: Literal["loss", "val_loss"] = "loss"
-    # The keep rule and its knobs (hpo.decisions.keep): a name, or {name: collapse, margin_z: 0.5};
-    # "collapse" (default), or a baseline to compare against on the same sweep: "asha",
-    # "current-best", "top-k" ({name: top-k, k: 2}), "paired-test" (experimental). Stored as
-    # the rule's full settings (KeepRule.settings: every knob, defaults included).
-    rule: dict[str, Any] = Field(default_factory=lambda: make_rule("collapse").settings())
-    # Rank by the predicted finals even 30x or more beyond the predictor's calibrated model sizes
-    # (predictors.predictor.OFF_SCALE_SIZE_RATIO); by default such a sweep ranks by its losses.
-    trust_off_scale: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _margin_z_goes_with_the_rule(cls, data: Any) -> Any:
-        # scheduler.margin_z (configs written before the rule took its knobs): the collapse
-        # rule's knob, moved where it lives.
-        if isinstance(data, dict) and "margin_z" in data:
-            data = dict(data)
-            z = data.pop("margin_z")
-            rule = data.get("rule", "collapse")
-            rule = {"name": rule} if isinstance(rule, str) else dict(rule)
-            if rule.get("name", "collapse") != "collapse":
-                raise ValueError(f"margin_z is the collapse rule's knob, not {rule.get('name')!r}'s")
-            data["rule"] = {"name": "collapse", **rule, "margin_z": z}
-        return data
-
-    @field_validator("rule", mode="before")
-    @classmethod
-    def _rule(cls, value: Any) -> Any:
-        # The rule's constructor is the one check of its knobs.
-        if not isinstance(value, (str, dict)):
-            raise ValueError(f"give a rule name or {{name: ..., knob: ...}}, got {value!r}")
-        try:
-            return make_rule(value).settings()
-        except ValueError as exc:
-            raise ValueError(str(exc).removeprefix("scheduler.rule: ")) from None
-
-    @field_validator("rungs")
-    @classmethod
-    def _rungs_in_range(cls, rungs: list[float]) -> list[float]:
-        # The scheduler's own check (one home): the message without its "rungs: " prefix,
-        # which the field name already gives.
-        try:
-            return check_rungs(rungs)
-        except ValueError as exc:
-            raise ValueError(str(exc).removeprefix("rungs: ")) from None
-
-    @field_validator("reduction_factor")
-    @classmethod
-    def _rf(cls, value: float) -> float:
-        if not value > 1.0:
-            raise ValueError("must be > 1")
-        return value
-
-    @field_validator("metric", mode="before")
-    @classmethod
-    def _metric(cls, value: Any) -> Any:
-        if value in METRIC_COLUMNS:
-            return value
-        raise ValueError(f"must be one of {', '.join(METRIC_COLUMNS)} (the smoothed training loss, the validation "
-                         f"loss), got {value!r}")
-
-    @field_validator("margin", mode="before")
-    @classmethod
-    def _margin(cls, value: Any) -> Any:
-        if value == "calibrated":
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-            return float(value)
-        raise ValueError(f"must be 'calibrated' or a finite number >= 0 (a log margin, 0.02 ≈ 2%), got {value!r}")
 
 
 class SearchSettings(_Strict):
@@ -213,12 +127,22 @@ class SearchSettings(_Strict):
 class Resources(_Strict):
     cpu: float = 1.0
     gpu: float = 0.0
+    #: Memory of one trial (MB), reserved for it in Ray; every trial's estimated peak must fit.
+    #: Unset: a trial's share of this machine (its memory over the trials that run at once).
+    memory_mb: Optional[float] = None
 
     @field_validator("cpu", "gpu")
     @classmethod
     def _non_negative(cls, value: float) -> float:
         if value < 0:
             raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("memory_mb")
+    @classmethod
+    def _positive_memory(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and not value > 0:
+            raise ValueError("must be > 0 MB")
         return value
 
 
@@ -272,6 +196,9 @@ class Limits(_Strict):
 
     max_trials: int = Field(10_000, ge=1)
     max_tokens_per_param: float = Field(10_000.0, gt=0)
+    #: Fewest optimizer steps a trial may take: below it the rungs see a handful of points and
+    #: the curve is no curve (a TPP of 1e-6 trained one step and "completed").
+    min_steps: int = Field(50, ge=1)
 
 
 class SweepConfig(_Strict):
@@ -355,11 +282,12 @@ class SweepConfig(_Strict):
         return Path(self.output_given()).resolve()
 
     def predictor_path(self) -> Path:
-        """The sweep's predictor: the one named, else the packaged one nearest the model's size
-        (``hpo.data.default_predictor_path``)."""
+        """The sweep's predictor: the one named, else the packaged one fitted on the sweep's metric
+        nearest the model's size (``hpo.data.default_predictor_path``)."""
         from hpo.data import default_predictor_path
 
-        return Path(self.predictor).resolve() if self.predictor else default_predictor_path(self.n_params())
+        return (Path(self.predictor).resolve() if self.predictor
+                else default_predictor_path(self.n_params(), self.scheduler.metric))
 
     def n_params(self) -> Optional[int]:
         """N (non-embedding) of the base trainer's model; None where the trainer section does not
@@ -443,6 +371,12 @@ def load_sweep_config(path: Union[str, Path, None] = None, *, data: Optional[dic
             raise ConfigError(
                 format_validation_error(exc, f"{source}: trainer (trial {where})")
             ) from None
+        steps = run_controls(trial).total_steps
+        if steps < config.limits.min_steps:
+            where = ", ".join(f"{n}={v:g}" if isinstance(v, float) else f"{n}={v}" for n, v in overrides_i.items())
+            raise ConfigError(f"{source}: trainer.tokens_per_param: {trial.tokens_per_param:g} gives trial {where} "
+                              f"{steps:,} optimizer step(s) of {trial.batch_size:,} tokens, below limits.min_steps "
+                              f"{config.limits.min_steps} (train longer, or lower batch_size)")
         if trial.tokens_per_param > config.limits.max_tokens_per_param:
             raise ConfigError(f"{source}: trainer.tokens_per_param: {trial.tokens_per_param:g} is above "
                               f"limits.max_tokens_per_param {config.limits.max_tokens_per_param:g} "

@@ -195,9 +195,9 @@ class KeepDecision:
     def order(self) -> str:
         return Order(self.weight, None, "").name
 
-    def reason(self, trial_id: str) -> str:
+    def reason(self, trial_id: str, derivation: bool = True) -> str:
         """The decision on one trial in words (:func:`clause_words`)."""
-        return clause_words(self.clauses[trial_id], self)
+        return clause_words(self.clauses[trial_id], self, derivation)
 
     @property
     def reasons(self) -> dict[str, str]:
@@ -205,8 +205,10 @@ class KeepDecision:
         return {tid: clause_words(c, self) for tid, c in self.clauses.items()}
 
 
-def clause_words(c: Clause, d: KeepDecision) -> str:
-    """A trial's clause in the words the decision log keeps (the one place they are made)."""
+def clause_words(c: Clause, d: KeepDecision, derivation: bool = True) -> str:
+    """A trial's clause in the words the decision log keeps (the one place they are made).
+    ``derivation``: the margin's terms too (``d.words``); a rung decided at once records them
+    once, in its ``margin_source``, not in each of its 10,000 trials' reasons."""
     if c.clause == "unranked":
         return "no prediction: kept"
     if c.clause == "first":
@@ -216,7 +218,7 @@ def clause_words(c: Clause, d: KeepDecision) -> str:
                 "paired test: not shown worse than the current best: kept")
     unc = f"±{c.uncertainty:.4f}" if c.uncertainty is not None else ""
     by = "" if d.weight >= 1.0 else f" (ranked by {d.order})"
-    words = f" ({d.words})" if d.words else ""
+    words = f" ({d.words})" if d.words and derivation else ""
     place = f"predicted {c.predicted:.4f}{unc}{by} is {c.rank} of {c.n}"
     if c.clause == "everyone":
         return (f"predicted {c.predicted:.4f}{unc}; the spread of all {c.n} predictions, {100 * c.gap:.2f}%, "
