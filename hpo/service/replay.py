@@ -146,7 +146,7 @@ def _arm_label(curve: Any, members: Sequence[Any], swept: Sequence[str]) -> str:
     for key in swept:
         values = {m.meta.get(key) for m in members}
         if len(values) > 1 and curve.meta.get(key) is not None:
-            parts.append(f"{SWEPT_WORDS.get(key, key)}={curve.meta[key]:g}" if isinstance(curve.meta[key], float)
+            parts.append(f"{SWEPT_WORDS.get(key, key)}={curve.meta[key]:.3g}" if isinstance(curve.meta[key], float)
                          else f"{SWEPT_WORDS.get(key, key)}={curve.meta[key]}")
     return ", ".join(parts) or str(curve.meta["name"])
 

@@ -210,8 +210,12 @@ def curve_sweeps(curves: Sequence[Any], swept: Sequence[str] = SWEPT, min_arms: 
             shape += f" {extra['decay_shape']}"
         if extra.get("final_fraction"):
             shape += f" to {extra['final_fraction']:.2g}"
-        name = (f"{first.meta.get('corpus') or 'corpus?'} N={(first.controls.n_params or 0) / 1e6:.0f}M "
-                f"D={float(first.meta.get('total_tokens') or 0) / 1e9:.2f}B {shape}")
+        n_params = float(first.controls.n_params or 0)
+        tokens = float(first.meta.get("total_tokens") or (first.meta.get("tokens_per_param") or 0) * n_params)
+        # (a model under 1M parameters, trained on under 0.1B tokens, keeps two digits: N=0.1M D=2.01M)
+        size = f"N={n_params / 1e6:.0f}M" if n_params >= 1e6 else f"N={n_params / 1e6:.2g}M"
+        size += f" D={tokens / 1e9:.2f}B" if tokens >= 1e8 else f" D={tokens / 1e6:.3g}M"
+        name = " ".join(x for x in (first.meta.get("corpus"), size, shape) if x)
         while name in sweeps:
             name += "'"
         sweeps[name] = members
