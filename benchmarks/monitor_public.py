@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from monitor import (CAUGHT_BY, DRIFT_START, DRIFTS, NAMES, PEERS, TREND, MONITOR, _at, _drift_cell,  # noqa: E402
-                     _pct, _sd, drift, smallest_caught, trend)
+                     _pct, _sd, drift, kept_section, smallest_caught, trend)
+from monitor import PUBLIC_HEADING as HEADING  # noqa: E402
 from public_sweeps import CALIBRATE_MAX_PARAMS, family, split  # noqa: E402
 
 OUT = Path(__file__).with_name("monitor.md")
-HEADING = "## At real scale: public 124M runs"
 #: The 124M runs: the ICML 2025 sweeps (project re-slimpajama), non-embedding N ≈ 85M.
 PROJECT_124M = "re-slimpajama"
 #: Injected slow faults: the loss × (1 + a·(t̂ − start)₊/(1 − start)), a in % by the end.
@@ -282,17 +282,6 @@ def write_section(lines: list[str], path: Path = OUT) -> None:
         nxt = after.find("\n## ")
         rest = after[nxt:] if nxt >= 0 else ""
     path.write_text(before.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n" + rest)
-
-
-def kept_section(path: Path = OUT) -> list[str]:
-    """The section as ``path`` holds it (``benchmarks/monitor.py`` keeps it when it rewrites the file)."""
-    if not path.exists():
-        return []
-    _, found, after = path.read_text().partition(HEADING)
-    if not found:
-        return []
-    nxt = after.find("\n## ")
-    return ["", *(HEADING + (after if nxt < 0 else after[:nxt])).rstrip("\n").split("\n")]
 
 
 def main() -> None:
