@@ -16,6 +16,7 @@ a repository checkout next to the code. This folder holds the only copy of each 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -49,10 +50,12 @@ def resource_path(relative: str) -> Path:
     return target
 
 
+@functools.lru_cache(maxsize=1)
 def packaged_predictors() -> dict[str, tuple[float, float, str]]:
     """The packaged predictors (relative paths) with the smallest and largest non-embedding model
     size each was fitted on (its ``provenance["model_sizes"]``) and the loss it was fitted on
-    (``provenance["metric"]``; ``loss`` where not recorded)."""
+    (``provenance["metric"]``; ``loss`` where not recorded). Read once a process: the files are
+    package data (~0.5 MB of JSON), and a sweep asks for its predictor's path several times."""
     out = {}
     for relative in PACKAGED_PREDICTORS:
         provenance = json.loads(resource_path(relative).read_text())["provenance"]
