@@ -52,3 +52,36 @@ def test_postgres_uri_without_its_driver_says_what_to_install_without_the_passwo
     message = str(caught.value)
     assert 'pip install "collapse-hpo[postgres]"' in message and "'psycopg'" in message
     assert "pw" not in message and "alice" not in message and "\n" not in message
+
+
+_KILLED_WRITER = """
+import os, signal, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.executescript("CREATE TABLE runs(x); CREATE TABLE experiments(x); CREATE TABLE metrics(x); "
+                 "CREATE TABLE params(x); CREATE TABLE tags(x); CREATE TABLE alembic_version(x);")
+db.execute("PRAGMA cache_size=1")  # spill the open transaction into the database file
+db.execute("BEGIN")
+db.executemany("INSERT INTO runs VALUES (?)", [("x" * 100,)] * 20000)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_store_left_mid_write_by_a_killed_driver_is_accepted_and_left_untouched(tmp_path: Path) -> None:
+    """A driver killed inside an MLflow write leaves a hot journal; resuming that sweep must not
+    be refused as "not a usable SQLite database" (the read-only look cannot roll the journal
+    back, MLflow's own open does), and the check must not change the files."""
+    import sys
+
+    store = tmp_path / "mlflow.db"
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(store)], check=False)
+    journal = tmp_path / "mlflow.db-journal"
+    assert journal.is_file() and journal.stat().st_size > 0, "the killed writer left no hot journal"
+    before = (store.read_bytes(), journal.read_bytes())
+    check_tracking_uri(f"sqlite:///{store}", "output_dir")
+    check_tracking_uri(f"sqlite:///{store}", "--tracking-uri", must_exist=True)
+    assert (store.read_bytes(), journal.read_bytes()) == before
+    # A file that is no database is still refused.
+    journal.unlink()
+    store.write_bytes(b"not a database" * 100)
+    with pytest.raises(TrackingUriError, match="not a usable SQLite database"):
+        check_tracking_uri(f"sqlite:///{store}", "output_dir")

@@ -174,6 +174,36 @@ def check_database_driver(uri: str, field: str, shown: str) -> None:
         raise TrackingUriError(f"{field}: {shown}: not a usable database URI ({' '.join(str(exc).split())})") from None
 
 
+def read_table_names(path: Path) -> list[str]:
+    """The tables of the SQLite database at ``path``, read without writing to it.
+
+    A writer killed inside a transaction (a driver stopped with SIGKILL, the case ``hpo resume``
+    exists for) leaves a hot journal beside the database; a read-only connection cannot roll it
+    back and fails with "attempt to write a readonly database", although the next read-write open
+    (MLflow's) recovers the store. Then the database and its journal are copied to a scratch
+    folder and opened there, so the check sees the recovered store and the user's files are
+    left exactly as they were. Raises :class:`sqlite3.DatabaseError` for anything else.
+    """
+    import shutil
+    import sqlite3
+    import tempfile
+
+    query = "SELECT name FROM sqlite_master WHERE type = 'table'"
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
+            return [row[0] for row in db.execute(query)]
+    except sqlite3.OperationalError as exc:
+        journal = path.with_name(path.name + "-journal")
+        if "readonly" not in str(exc) or not journal.is_file():
+            raise
+    with tempfile.TemporaryDirectory(prefix="hpo-sqlite-check-") as scratch:
+        copy = Path(scratch) / path.name
+        shutil.copyfile(path, copy)
+        shutil.copyfile(journal, copy.with_name(copy.name + "-journal"))
+        with contextlib.closing(sqlite3.connect(copy)) as db:
+            return [row[0] for row in db.execute(query)]
+
+
 #: Tables every MLflow SQLite store has (MLflow creates ~70 in any database it opens).
 MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs", "metrics", "params", "tags"})
 
@@ -184,8 +214,7 @@ def check_mlflow_database(path: Path, field: str, shown: str) -> None:
     import sqlite3
 
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = set(read_table_names(path))
     except sqlite3.DatabaseError as exc:
         raise TrackingUriError(f"{field}: {shown}: {path} is not an SQLite database ({exc})") from None
     missing = MLFLOW_TABLES - tables
@@ -200,8 +229,7 @@ def check_sqlite_file(path: Path, field: str, shown: str) -> None:
     import sqlite3
 
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
-            db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        read_table_names(path)
     except sqlite3.DatabaseError as exc:  # OperationalError too: unreadable, locked by a broken journal
         raise TrackingUriError(f"{field}: {shown}: {path} is not a usable SQLite database ({exc}); "
                                "move it away, or give another store") from None
