@@ -5,9 +5,9 @@ Two figures, each counted the same way every time:
 * **lines**: ``wc -l`` over ``hpo/decisions/*.py hpo/decisions/keep/*.py predictors/*ranking*
   hpo/calibration/*ranking*`` (the keep-rule seam and the ranking maths it reads);
 * **files crossed**: the project files whose Python functions run during the
-  ``CollapseScheduler.on_trial_result`` call that decides a sync rung (6 trials, τ spread so the
-  predicted order matters, the shipped predictor, the default collapse rule, the state written),
-  traced with ``sys.setprofile``. "seam" counts the ``hpo/`` files plus the ``predictors/`` files
+  ``CollapseScheduler.on_trial_result`` call that decides a sync rung (6 trials of
+  ``benchmarks/scheduler_cost.py``'s synthetic sweep, the shipped predictor, the default
+  collapse rule, the state written), traced with ``sys.setprofile``. "seam" counts the ``hpo/`` files plus the ``predictors/`` files
   entered directly from an ``hpo/`` frame (the first hop into the predictor library); "all" counts
   every project file, the predictor's internals included. The sweep is played by
   :class:`hpo.trials.simulator.SimulatedSweep` (no Ray runtime). The last rung's call also composes
@@ -24,16 +24,17 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.scheduler_cost import curves  # noqa: E402
 from hpo.data import default_predictor_path  # noqa: E402
 from hpo.decisions.scheduler import CollapseScheduler  # noqa: E402
 from hpo.decisions.scheduler_contract import SchedulerSettings  # noqa: E402
 from hpo.trials.simulator import SimulatedSweep  # noqa: E402
-from predictors import Controls, Predictor  # noqa: E402
+from predictors import Predictor  # noqa: E402
 
 #: Plays Ray's controller (the scheduler calls its stop_trial): the harness, not the decision code.
 HARNESS = Path("hpo/trials/simulator.py")
@@ -57,15 +58,7 @@ def _project_file(filename: str) -> Optional[str]:
 def files_crossed(rungs: Sequence[float]) -> list[tuple[set[str], set[str]]]:
     """Per rung, (seam files, all project files) of the call that decides it."""
     predictor = Predictor.load(default_predictor_path())
-    points = [k / 20 for k in range(1, 21)]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for i in range(6):
-        tau = 0.1 * 2 ** (i / 2)
-        curve = predictor.normalized_curve(points, Controls(tau, 20.0, n_params=1e5))
-        runs[f"t{i}"] = [{"loss": float((1.7 + 0.01 * i) * v), "train_fraction": t, "tau": tau,
-                          "tokens_per_param": 20.0, "n_params": 1e5, "schedule": "linear",
-                          "warmup_fraction": 0.1, "eta": 0.01, "batch_size": 2048}
-                         for t, v in zip(points, curve)]
+    runs = curves(6, predictor)  # scheduler_cost's synthetic sweep: τ drawn per trial, so the order matters
     traces: list[tuple[set[str], set[str]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         scheduler = CollapseScheduler(predictor=predictor, settings=SchedulerSettings(rungs=list(rungs)),
