@@ -238,10 +238,11 @@ def test_a_resumed_search_sweep_restores_or_rebuilds_tpe_and_repeats_no_finished
     ended_before = {tid: rec.config["lr"] for tid, rec in before.items() if not rec.alive}
     # What the resume keeps is Ray's last snapshot, not the scheduler state (written on its own
     # clock: either may hold trials the other does not yet).
-    kept = {t.trial_id: t.params["lr"] for t in recorded_trials(output / "ray" / "tiny", {})}
+    experiment = output / "ray" / "tiny"
+    kept = {t.trial_id: t.params["lr"] for t in recorded_trials(experiment, {})}
     assert len(kept) < 6, f"the kill came after Ray had created every trial ({kept}): nothing left to suggest"
+    assert len(before) < 6  # nor had the scheduler been told of every trial
     if searcher_state == "lost":
-        experiment = output / "ray" / "tiny"
         for saved in [*experiment.glob("searcher-state-*.pkl"), *experiment.glob("search_gen_state-*.json")]:
             saved.unlink()
 
